@@ -1,0 +1,1 @@
+"""The admin web console (Django app ``console``)."""

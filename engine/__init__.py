@@ -1,0 +1,1 @@
+"""The engine process: pure-logic core, torch executor, simulator and HTTP server."""

@@ -1,0 +1,1 @@
+"""GPU kernels, each beside a pure-torch reference implementation."""

@@ -1,0 +1,1 @@
+"""Django migrations, one package per app (see MIGRATION_MODULES in settings)."""

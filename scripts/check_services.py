@@ -1,0 +1,36 @@
+"""Stop at once, saying which and how to start it, if PostgreSQL or Redis is unreachable."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import psycopg
+import redis
+
+HINT = "start it with `docker compose up -d postgres redis`, or see docs/operations.md"
+
+
+def main() -> int:
+    database_url = os.environ["DATABASE_URL"]
+    redis_url = os.environ["REDIS_URL"]
+    failures = []
+    try:
+        # Connect to the maintenance database: the test run creates its own.
+        with psycopg.connect(
+            database_url.rsplit("/", 1)[0] + "/postgres", connect_timeout=3
+        ) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error as exc:
+        failures.append(f"PostgreSQL is unreachable at {database_url}: {exc}".strip())
+    try:
+        redis.Redis.from_url(redis_url, socket_connect_timeout=3).ping()
+    except redis.RedisError as exc:
+        failures.append(f"Redis is unreachable at {redis_url}: {exc}")
+    for failure in failures:
+        print(f"error: {failure}\n  {HINT}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
