@@ -135,6 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--no-serve", action="store_true", help="prepare everything, then exit")
     demo.set_defaults(func=cmd_demo)
+
+    from shunter.engine.cli import register as register_engine_commands
+
+    register_engine_commands(sub)
     return parser
 
 

@@ -1,0 +1,142 @@
+"""Frozen configuration dataclasses of the engine. Pure logic: no torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Architecture facts of one decoder-only transformer, enough to size and time it.
+
+    ``num_experts == 0`` means a dense MLP; otherwise each token runs
+    ``num_active_experts`` of ``num_experts`` expert MLPs (Mixtral-style MoE).
+    ``mlp_gated`` is True for SwiGLU MLPs (three matrices, Llama/Qwen/Mistral) and
+    False for two-matrix MLPs (OPT).
+    """
+
+    name: str
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    intermediate_size: int
+    vocab_size: int
+    dtype_bytes: int = 2
+    num_experts: int = 0
+    num_active_experts: int = 0
+    mlp_gated: bool = True
+    tie_embeddings: bool = False
+    max_context: int = 4096
+
+    def __post_init__(self) -> None:
+        for field in (
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "hidden_size",
+            "intermediate_size",
+            "vocab_size",
+            "dtype_bytes",
+            "max_context",
+        ):
+            if getattr(self, field) <= 0:
+                raise ValueError(f"ModelSpec {self.name!r}: {field} must be positive")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"ModelSpec {self.name!r}: num_heads ({self.num_heads}) must be a multiple "
+                f"of num_kv_heads ({self.num_kv_heads})"
+            )
+        if self.num_experts < 0 or not 0 <= self.num_active_experts <= self.num_experts:
+            raise ValueError(
+                f"ModelSpec {self.name!r}: need 0 <= num_active_experts <= num_experts"
+            )
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @cached_property
+    def attention_params(self) -> int:
+        """Parameters of one layer's attention: q, k, v and output projections."""
+        q_out = self.num_heads * self.head_dim
+        kv_out = self.num_kv_heads * self.head_dim
+        return self.hidden_size * (q_out + 2 * kv_out) + q_out * self.hidden_size
+
+    @cached_property
+    def expert_params(self) -> int:
+        """Parameters of one MLP (one expert for MoE models)."""
+        matrices = 3 if self.mlp_gated else 2
+        return matrices * self.hidden_size * self.intermediate_size
+
+    @cached_property
+    def layer_params(self) -> int:
+        """Parameters of one decoder layer (all experts, norms and router included)."""
+        experts = max(self.num_experts, 1)
+        router = self.hidden_size * self.num_experts
+        norms = 2 * self.hidden_size
+        return self.attention_params + experts * self.expert_params + router + norms
+
+    @cached_property
+    def active_layer_params(self) -> int:
+        """Parameters one token touches in one layer (active experts only)."""
+        experts = self.num_active_experts if self.is_moe else 1
+        return self.attention_params + experts * self.expert_params + 2 * self.hidden_size
+
+    @cached_property
+    def embedding_params(self) -> int:
+        """Input embedding plus the output head (once if tied) plus the final norm."""
+        heads = 1 if self.tie_embeddings else 2
+        return heads * self.vocab_size * self.hidden_size + self.hidden_size
+
+    @cached_property
+    def num_params(self) -> int:
+        return self.num_layers * self.layer_params + self.embedding_params
+
+    @cached_property
+    def layer_bytes(self) -> int:
+        return self.layer_params * self.dtype_bytes
+
+    @cached_property
+    def param_bytes(self) -> int:
+        return self.num_params * self.dtype_bytes
+
+    @cached_property
+    def kv_bytes_per_token_layer(self) -> int:
+        """K and V of one token in one layer."""
+        return 2 * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    @cached_property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of one token across all layers."""
+        return self.num_layers * self.kv_bytes_per_token_layer
+
+    def block_bytes(self, block_tokens: int) -> int:
+        """Bytes of one block-first KV block: ``[layer, k|v, token, kv_head, head_dim]``."""
+        return block_tokens * self.kv_bytes_per_token
+
+
+@dataclass(frozen=True)
+class SloSpec:
+    """An SLO class: targets and the Virtual Lag Time parameters of its requests.
+
+    ``ttft_s`` is S_F and ``tbt_s`` is S_B in the VLT formula; ``beta_f`` scales the
+    TTFT target for waiting requests, ``beta_b`` the TBT target for rotary ones, and
+    ``alpha`` weighs rotary lag against waiting lag.
+    """
+
+    name: str
+    ttft_s: float
+    tbt_s: float
+    alpha: float = 3.0
+    beta_b: float = 0.0
+    beta_f: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.ttft_s <= 0 or self.tbt_s <= 0:
+            raise ValueError(f"SLO class {self.name!r}: targets must be positive")
+        if self.alpha < 0 or self.beta_b < 0 or self.beta_f < 0:
+            raise ValueError(f"SLO class {self.name!r}: alpha and betas must be >= 0")

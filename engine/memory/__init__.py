@@ -1,0 +1,1 @@
+"""Memory bookkeeping: page arena, KV block tables, host swap space. No torch."""

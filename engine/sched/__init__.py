@@ -1,0 +1,1 @@
+"""Scheduling policies (FCFS, waiting-first, swapped-first, LVF). No torch."""

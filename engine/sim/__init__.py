@@ -1,0 +1,1 @@
+"""Discrete-event simulator driving the same EngineCore on a virtual clock. No torch."""
