@@ -176,18 +176,22 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+# After `collectstatic` (production images) static files carry hashed names from the
+# manifest; the embedded default serves them straight from the apps via the finders.
+STATIC_MANIFEST = env_bool("SHUNTER_STATIC_MANIFEST", (STATIC_ROOT / "staticfiles.json").exists())
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {
         "BACKEND": (
-            "django.contrib.staticfiles.storage.StaticFilesStorage"
-            if DEBUG
-            else "whitenoise.storage.CompressedManifestStaticFilesStorage"
+            "whitenoise.storage.CompressedManifestStaticFilesStorage"
+            if STATIC_MANIFEST
+            else "django.contrib.staticfiles.storage.StaticFilesStorage"
         )
     },
 }
-# Without collectstatic (the embedded default) WhiteNoise serves from the finders.
-WHITENOISE_USE_FINDERS = DEBUG or not STATIC_ROOT.exists()
+WHITENOISE_USE_FINDERS = not STATIC_MANIFEST
+WHITENOISE_AUTOREFRESH = DEBUG
 
 LOGIN_URL = "admin:login"
 
@@ -229,9 +233,9 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
 }
 
-# Production hardening: on unless DEBUG, or switched off behind a TLS-less proxy.
+# Production hardening: on unless DEBUG. Behind a TLS-terminating proxy the ASGI server
+# takes the scheme from X-Forwarded-Proto of trusted peers (FORWARDED_ALLOW_IPS).
 HTTPS = env_bool("SHUNTER_HTTPS", not DEBUG)
-SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SECURE_SSL_REDIRECT = HTTPS
 SESSION_COOKIE_SECURE = HTTPS
 CSRF_COOKIE_SECURE = HTTPS

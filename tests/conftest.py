@@ -1,0 +1,52 @@
+"""Suite-wide fixtures. Each test module states what it needs (db, redis, subprocesses)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.test import Client
+
+REPO = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def clean_env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """An environment for a child process on the embedded default, data under tmp_path."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"DATABASE_URL", "REDIS_URL", "DEBUG", "SECRET_KEY", "DJANGO_SETTINGS_MODULE"}
+    }
+    env["SHUNTER_VAR_DIR"] = str(tmp_path / "var")
+    env["PYTHONUNBUFFERED"] = "1"
+    yield env
+
+
+class HttpsClient(Client):
+    """Django's test client speaking HTTPS, as clients of a production deployment do.
+
+    The suite runs with production settings (DEBUG off, HTTPS redirect on).
+    """
+
+    def request(self, **request: Any) -> Any:
+        request.update({"wsgi.url_scheme": "https", "SERVER_PORT": "443"})
+        return super().request(**request)
+
+
+@pytest.fixture
+def client() -> Client:
+    return HttpsClient()

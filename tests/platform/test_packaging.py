@@ -1,0 +1,100 @@
+"""The shunter namespace: same imports from the checkout and from a built wheel."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+MAPPED = ["platform", "tenants", "console", "engine", "kernels", "migrations"]
+
+
+def run_python(code: str, *, cwd: Path, python: str = sys.executable, **env: str) -> str:
+    result = subprocess.run(
+        [python, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=120,
+        env={**os.environ, **env},
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_stdlib_platform_is_not_shadowed_from_repo_root() -> None:
+    out = run_python("import platform; print(platform.system(), platform.__file__)", cwd=REPO)
+    system, path = out.split()
+    assert system
+    assert not path.startswith(str(REPO)), path
+
+
+def test_settings_import_from_repo_root() -> None:
+    out = run_python("import shunter.platform.settings as s; print(s.ROOT_URLCONF)", cwd=REPO)
+    assert out.strip() == "shunter.platform.urls"
+
+
+def test_platform_folder_is_a_namespace_portion() -> None:
+    assert not (REPO / "platform" / "__init__.py").exists()
+
+
+def test_every_package_folder_is_listed_in_pyproject() -> None:
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    assert {f"shunter.{name}" for name in MAPPED} <= listed
+    assert config["package-dir"] == {f"shunter.{name}": name for name in MAPPED}
+    on_disk = set()
+    for top in MAPPED:
+        for folder in [REPO / top, *(p for p in (REPO / top).rglob("*") if p.is_dir())]:
+            if "__pycache__" in folder.parts or not any(folder.glob("*.py")):
+                continue
+            rel = folder.relative_to(REPO).parts
+            on_disk.add(".".join(("shunter", *rel)))
+    assert on_disk == listed, f"missing: {on_disk - listed}, stale: {listed - on_disk}"
+
+
+@pytest.mark.slow
+def test_wheel_installs_and_imports_in_a_fresh_venv(tmp_path: Path) -> None:
+    dist = tmp_path / "dist"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+         "-w", str(dist), str(REPO)],
+        check=True, capture_output=True, timeout=300,
+    )
+    (wheel,) = dist.glob("shunter-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "shunter/platform/settings.py" in names
+    assert "shunter/platform/__init__.py" not in names
+    assert "shunter/platform/templates/platform/home.html" in names
+    assert "shunter/migrations/platform/__init__.py" in names
+    assert not any(name.startswith(("tests/", "platform/")) for name in names)
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    # Install the wheel alone: its dependencies come from this environment's
+    # site-packages, appended after the fresh venv's own on sys.path.
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", python, "install", "--no-deps",
+         "--no-index", str(wheel)],
+        check=True, capture_output=True, timeout=300,
+    )
+    deps = sysconfig.get_paths()["purelib"]
+    code = (
+        "import sys; sys.path.append(%r)\n"
+        "import platform, shunter.platform.settings as s, shunter.engine, shunter.tenants\n"
+        "import django; django.setup()\n"
+        "from django.apps import apps\n"
+        "print(platform.system(), shunter.engine.__file__, apps.get_app_config('platform').path)"
+    ) % deps
+    out = run_python(code, cwd=tmp_path, python=python,
+                     DJANGO_SETTINGS_MODULE="shunter.platform.settings",
+                     SHUNTER_VAR_DIR=str(tmp_path / "var"))
+    system, engine_file, app_path = out.split()
+    assert system
+    assert engine_file.startswith(str(venv)), engine_file
+    assert app_path.startswith(str(venv)), app_path
