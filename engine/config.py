@@ -140,3 +140,96 @@ class SloSpec:
             raise ValueError(f"SLO class {self.name!r}: targets must be positive")
         if self.alpha < 0 or self.beta_b < 0 or self.beta_f < 0:
             raise ValueError(f"SLO class {self.name!r}: alpha and betas must be >= 0")
+
+
+POLICIES = ("fcfs", "wf", "sf", "lvf")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Knobs of the step scheduler.
+
+    ``policy`` picks who runs: ``fcfs`` (vLLM-like passive preemption), ``wf``
+    (waiting-first), ``sf`` (swapped-first) or ``lvf`` (RotaSched's Largest-VLT-First).
+    ``xfer_budget_blocks`` is B_xfer, the blocks LVF may rotate per step (paper: 2400).
+    ``max_batch_tokens`` is the per-step token budget shared by decodes and prefill
+    chunks; ``max_running`` caps concurrently running requests (vLLM's max_num_seqs).
+    """
+
+    policy: str = "lvf"
+    xfer_budget_blocks: int = 2400
+    max_batch_tokens: int = 8192
+    max_running: int = 256
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r}; choose from {POLICIES}")
+        if self.xfer_budget_blocks < 0:
+            raise ValueError("xfer_budget_blocks must be >= 0")
+        if self.max_batch_tokens <= 0 or self.max_running <= 0:
+            raise ValueError("max_batch_tokens and max_running must be positive")
+
+
+@dataclass(frozen=True)
+class RotationConfig:
+    """DuplexKV's eager block rotation.
+
+    When ``eager`` is on and a model's device KV is at least ``watermark`` full, up to
+    ``budget_blocks`` newly SYNCED blocks per step are copied to host ahead of any
+    preemption. Below the watermark nothing is copied: memory that never runs out costs
+    no transfers.
+    """
+
+    eager: bool = True
+    budget_blocks: int = 1024
+    watermark: float = 0.8
+
+    def __post_init__(self) -> None:
+        if self.budget_blocks < 0:
+            raise ValueError("rotation budget_blocks must be >= 0")
+        if not 0.0 <= self.watermark <= 1.0:
+            raise ValueError("rotation watermark must be in [0, 1]")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """One engine: the models it serves, the memory it manages, and its knobs.
+
+    ``device_bytes`` is the device arena (weights of every model plus KV), split into
+    pages of ``page_bytes``; ``host_swap_bytes`` is the host memory for swapped KV.
+    A KV block holds ``block_tokens`` tokens of all layers (block-first layout).
+    ``check_integrity`` runs the memory integrity check after every step (tests, debug).
+    """
+
+    models: tuple[ModelSpec, ...]
+    device_bytes: int
+    host_swap_bytes: int
+    page_bytes: int = 2 * 1024 * 1024
+    block_tokens: int = 16
+    scheduler: SchedulerConfig = SchedulerConfig()
+    rotation: RotationConfig = RotationConfig()
+    check_integrity: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.models:
+            raise ValueError("EngineConfig needs at least one model")
+        names = [m.name for m in self.models]
+        if len(set(names)) != len(names):
+            raise ValueError(f"model names must be unique: {names}")
+        if self.page_bytes <= 0 or self.block_tokens <= 0:
+            raise ValueError("page_bytes and block_tokens must be positive")
+        if self.device_bytes < self.page_bytes:
+            raise ValueError("device_bytes must hold at least one page")
+        if self.host_swap_bytes < 0:
+            raise ValueError("host_swap_bytes must be >= 0")
+
+    @cached_property
+    def num_pages(self) -> int:
+        return self.device_bytes // self.page_bytes
+
+    @cached_property
+    def model_by_name(self) -> dict[str, ModelSpec]:
+        return {m.name: m for m in self.models}
+
+    def block_bytes(self, model: str) -> int:
+        return self.model_by_name[model].block_bytes(self.block_tokens)

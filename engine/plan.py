@@ -1,0 +1,110 @@
+"""What one engine step does, as plain data: the StepPlan in, the StepResult out.
+
+Like vLLM's ``SchedulerOutput``, a plan holds ids and integers only, so the torch
+executor and the simulator read the same thing. Block ids index the model's own view of
+the device arena (device blocks) or of its host swap space (host blocks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+
+class BatchEntry(NamedTuple):
+    """One request's work in this step's forward pass.
+
+    The step computes KV for tokens ``[num_computed_tokens, num_computed_tokens +
+    num_tokens)`` of the request; ``samples`` says whether it then samples a token
+    (the chunk reaches the end of the known tokens).
+    """
+
+    request_id: str
+    model: str
+    num_tokens: int
+    num_computed_tokens: int
+    is_prefill: bool
+    samples: bool
+
+
+class BlockCopy(NamedTuple):
+    """One whole block-first KV block moved between the device and host tiers."""
+
+    device_block: int
+    host_block: int
+
+
+class BlockMove(NamedTuple):
+    """One device-to-device block move (compaction): copy ``src`` into ``dst``."""
+
+    src: int
+    dst: int
+
+
+@dataclass
+class StepPlan:
+    """Everything step ``step`` does.
+
+    Request lists (ids):
+      - ``preempted``: RUNNING -> ROTARY (or WAITING when preempted by recompute).
+      - ``swapped_in``: ROTARY -> RUNNING; their H2D copies are in ``swap_in`` and they
+        join the batch at step ``step + 1`` (cross-iteration pipeline).
+      - ``admitted``: WAITING -> RUNNING with fresh device blocks.
+      - ``released``: finished or aborted since the previous plan; an executor drops any
+        per-request state it keeps.
+
+    Copies, per model name, each one batch per direction:
+      - D2H = ``swap_out`` (preemption copies) + ``rotate`` (eager rotation of SYNCED
+        blocks); H2D = ``swap_in``. No device block is both an H2D destination and a
+        pending D2H source.
+      - ``moves``: device-to-device moves, done before the forward pass reads KV.
+
+    ``batch`` lists decode entries first, then prefill chunks.
+    """
+
+    step: int
+    preempted: list[str] = field(default_factory=list)
+    swapped_in: list[str] = field(default_factory=list)
+    admitted: list[str] = field(default_factory=list)
+    released: list[str] = field(default_factory=list)
+    batch: list[BatchEntry] = field(default_factory=list)
+    swap_out: dict[str, list[BlockCopy]] = field(default_factory=dict)
+    rotate: dict[str, list[BlockCopy]] = field(default_factory=dict)
+    swap_in: dict[str, list[BlockCopy]] = field(default_factory=dict)
+    moves: dict[str, list[BlockMove]] = field(default_factory=dict)
+
+    def d2h(self, model: str) -> list[BlockCopy]:
+        """The model's whole device-to-host batch: preemption copies, then rotations."""
+        return self.swap_out.get(model, []) + self.rotate.get(model, [])
+
+    @property
+    def num_d2h_blocks(self) -> int:
+        return sum(map(len, self.swap_out.values())) + sum(map(len, self.rotate.values()))
+
+    @property
+    def num_h2d_blocks(self) -> int:
+        return sum(map(len, self.swap_in.values()))
+
+    @property
+    def has_transfers(self) -> bool:
+        return self.num_d2h_blocks > 0 or self.num_h2d_blocks > 0
+
+    @property
+    def num_batch_tokens(self) -> int:
+        return sum(entry.num_tokens for entry in self.batch)
+
+
+@dataclass
+class StepResult:
+    """What the executor reports for a plan.
+
+    ``emitted`` maps each request that sampled a token to its token id (``None`` from an
+    executor without real tokens, such as the simulator). ``stopped`` lists requests
+    whose sampled token ends them (EOS, stop string); the engine also ends a request on
+    its own when it reaches ``max_output_tokens``. ``duration_s`` is the step's time on
+    the device, transfer waits included.
+    """
+
+    duration_s: float
+    emitted: dict[str, int | None] = field(default_factory=dict)
+    stopped: set[str] = field(default_factory=set)

@@ -1,0 +1,122 @@
+"""A request's life in the engine: its state, token progress and the timestamps VLT needs.
+
+Pure logic: no torch. Times are seconds (floats) on the engine's clock.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from shunter.engine.config import SloSpec
+
+
+class RequestState(enum.Enum):
+    """Where a request is.
+
+    WAITING: arrived, owns no KV (or lost it to a recompute preemption).
+    RUNNING: its KV is on the device and it is in the batch (or joins it next step).
+    ROTARY: preempted; its KV lives in host memory until it is swapped back in.
+    FINISHED: done (stopped, reached its length, or aborted); owns nothing.
+    """
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    ROTARY = "rotary"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    """One generation request of one model.
+
+    Token accounting follows vLLM: ``num_tokens`` is prompt plus output tokens,
+    ``num_computed_tokens`` those whose KV is cached. A step computes the missing ones
+    (a prefill chunk, or one token when decoding) and samples a new token when the
+    step reaches ``num_tokens``. The request finishes when it has produced
+    ``max_output_tokens`` tokens or the executor reports a stop.
+
+    ``t_run`` is when it last became RUNNING, ``t_last`` when it emitted its last token
+    (``None`` before the first), ``token_times`` every emission time in order.
+    """
+
+    id: str
+    model: str
+    prompt_tokens: int
+    max_output_tokens: int
+    slo: SloSpec
+    t_arr: float
+    prompt_token_ids: list[int] | None = None
+    state: RequestState = RequestState.WAITING
+    num_computed_tokens: int = 0
+    num_output_tokens: int = 0
+    output_token_ids: list[int] = field(default_factory=list)
+    t_run: float | None = None
+    t_last: float | None = None
+    t_first_token: float | None = None
+    t_finish: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    num_preemptions: int = 0
+    aborted: bool = False
+
+    def __post_init__(self) -> None:
+        if self.prompt_tokens <= 0:
+            raise ValueError(f"request {self.id!r}: prompt_tokens must be positive")
+        if self.max_output_tokens <= 0:
+            raise ValueError(f"request {self.id!r}: max_output_tokens must be positive")
+        if self.prompt_token_ids is not None and len(self.prompt_token_ids) != self.prompt_tokens:
+            raise ValueError(f"request {self.id!r}: prompt_token_ids disagree with prompt_tokens")
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus output tokens: every token whose KV the next sample needs."""
+        return self.prompt_tokens + self.num_output_tokens
+
+    @property
+    def num_pending_tokens(self) -> int:
+        """Tokens to compute before the next sample (1 when decoding)."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_prefill(self) -> bool:
+        """True until the prompt (or, after a recompute preemption, the context) is cached."""
+        return self.num_output_tokens == 0 or self.num_pending_tokens > 1
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state is RequestState.FINISHED
+
+    def vlt(self, now: float) -> float:
+        """Virtual Lag Time (SuperInfer §4.2.2) with S_B = TBT SLO and S_F = TTFT SLO.
+
+        A rotary request that has not emitted a token yet lags on its TTFT, not on a
+        token gap, so it takes the waiting branch: ``t_last`` does not exist for it.
+        """
+        slo = self.slo
+        if self.state is RequestState.RUNNING:
+            assert self.t_run is not None
+            return -(now - self.t_run)
+        if self.state is RequestState.ROTARY and self.t_last is not None:
+            return slo.alpha * max(0.0, now - self.t_last - slo.beta_b * slo.tbt_s)
+        return max(0.0, now - self.t_arr - slo.beta_f * slo.ttft_s)
+
+    def record_token(self, now: float, token_id: int | None) -> None:
+        """Account one emitted token at time ``now``."""
+        self.num_output_tokens += 1
+        if token_id is not None:
+            self.output_token_ids.append(token_id)
+        if self.t_first_token is None:
+            self.t_first_token = now
+        self.t_last = now
+        self.token_times.append(now)
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.t_first_token is None else self.t_first_token - self.t_arr
+
+    @property
+    def tpot(self) -> float | None:
+        """(e2e - TTFT) / (output tokens - 1); ``None`` with fewer than two tokens."""
+        if self.t_first_token is None or self.t_last is None or self.num_output_tokens < 2:
+            return None
+        return (self.t_last - self.t_first_token) / (self.num_output_tokens - 1)
