@@ -38,12 +38,17 @@ def admin_login(base: str, username: str, password: str) -> str:
     form = opener.open(f"{base}/admin/login/?next=/admin/").read().decode()
     match = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form)
     assert match, form
-    data = urllib.parse.urlencode({
-        "csrfmiddlewaretoken": match.group(1), "username": username,
-        "password": password, "next": "/admin/",
-    }).encode()
-    request = urllib.request.Request(f"{base}/admin/login/?next=/admin/", data=data,
-                                     headers={"Referer": f"{base}/admin/login/"})
+    data = urllib.parse.urlencode(
+        {
+            "csrfmiddlewaretoken": match.group(1),
+            "username": username,
+            "password": password,
+            "next": "/admin/",
+        }
+    ).encode()
+    request = urllib.request.Request(
+        f"{base}/admin/login/?next=/admin/", data=data, headers={"Referer": f"{base}/admin/login/"}
+    )
     return str(opener.open(request).read().decode())
 
 
@@ -52,7 +57,11 @@ def test_demo_serves_home_and_admin(clean_env: dict[str, str], tmp_path: Path) -
     env = {**clean_env, "SHUNTER_ADMIN_PASSWORD": "demo pass 4 tests"}
     proc = subprocess.Popen(
         [str(VENV_BIN / "shunter"), "demo", "--port", str(port)],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -73,13 +82,15 @@ def test_demo_serves_home_and_admin(clean_env: dict[str, str], tmp_path: Path) -
 
 def test_demo_generates_a_password_once(clean_env: dict[str, str]) -> None:
     command = [str(VENV_BIN / "shunter"), "demo", "--no-serve"]
-    first = subprocess.run(command, cwd=REPO, env=clean_env, capture_output=True, text=True,
-                           timeout=120)
+    first = subprocess.run(
+        command, cwd=REPO, env=clean_env, capture_output=True, text=True, timeout=120
+    )
     assert first.returncode == 0, first.stderr
     match = re.search(r"admin user: admin  password: (\S+)  \(shown once\)", first.stdout)
     assert match, first.stdout
-    second = subprocess.run(command, cwd=REPO, env=clean_env, capture_output=True, text=True,
-                            timeout=120)
+    second = subprocess.run(
+        command, cwd=REPO, env=clean_env, capture_output=True, text=True, timeout=120
+    )
     assert second.returncode == 0, second.stderr
     assert match.group(1) not in second.stdout
     assert "exists; set SHUNTER_ADMIN_PASSWORD to reset it" in second.stdout

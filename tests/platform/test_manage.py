@@ -14,8 +14,12 @@ pytestmark = pytest.mark.slow
 
 def shunter(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(VENV_BIN / "shunter"), *args], cwd=REPO, env=env, capture_output=True,
-        text=True, timeout=120,
+        [str(VENV_BIN / "shunter"), *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 

@@ -19,7 +19,11 @@ MAPPED = ["platform", "tenants", "console", "engine", "kernels", "migrations"]
 
 def run_python(code: str, *, cwd: Path, python: str = sys.executable, **env: str) -> str:
     result = subprocess.run(
-        [python, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=120,
+        [python, "-c", code],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={**os.environ, **env},
     )
     assert result.returncode == 0, result.stderr
@@ -61,9 +65,20 @@ def test_every_package_folder_is_listed_in_pyproject() -> None:
 def test_wheel_installs_and_imports_in_a_fresh_venv(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-         "-w", str(dist), str(REPO)],
-        check=True, capture_output=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(dist),
+            str(REPO),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     (wheel,) = dist.glob("shunter-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
@@ -79,21 +94,36 @@ def test_wheel_installs_and_imports_in_a_fresh_venv(tmp_path: Path) -> None:
     # Install the wheel alone: its dependencies come from this environment's
     # site-packages, appended after the fresh venv's own on sys.path.
     subprocess.run(
-        [sys.executable, "-m", "pip", "--python", python, "install", "--no-deps",
-         "--no-index", str(wheel)],
-        check=True, capture_output=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            python,
+            "install",
+            "--no-deps",
+            "--no-index",
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     deps = sysconfig.get_paths()["purelib"]
     code = (
-        "import sys; sys.path.append(%r)\n"
+        f"import sys; sys.path.append({deps!r})\n"
         "import platform, shunter.platform.settings as s, shunter.engine, shunter.tenants\n"
         "import django; django.setup()\n"
         "from django.apps import apps\n"
         "print(platform.system(), shunter.engine.__file__, apps.get_app_config('platform').path)"
-    ) % deps
-    out = run_python(code, cwd=tmp_path, python=python,
-                     DJANGO_SETTINGS_MODULE="shunter.platform.settings",
-                     SHUNTER_VAR_DIR=str(tmp_path / "var"))
+    )
+    out = run_python(
+        code,
+        cwd=tmp_path,
+        python=python,
+        DJANGO_SETTINGS_MODULE="shunter.platform.settings",
+        SHUNTER_VAR_DIR=str(tmp_path / "var"),
+    )
     system, engine_file, app_path = out.split()
     assert system
     assert engine_file.startswith(str(venv)), engine_file

@@ -14,9 +14,7 @@ from django.core.cache import cache
 from tests.conftest import REPO, VENV_BIN
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
-pytestmark = pytest.mark.skipif(
-    not REDIS_URL, reason="REDIS_URL is not set (make test sets it)"
-)
+pytestmark = pytest.mark.skipif(not REDIS_URL, reason="REDIS_URL is not set (make test sets it)")
 
 
 async def test_channel_layer_group_round_trip() -> None:
@@ -51,9 +49,21 @@ def test_worker_answers_a_control_ping_over_the_broker(clean_env: dict[str, str]
     name = f"test-{uuid.uuid4().hex[:8]}@localhost"
     env = {**clean_env, "REDIS_URL": REDIS_URL}
     worker = subprocess.Popen(
-        [str(VENV_BIN / "shunter"), "worker", "--pool", "solo", "--hostname", name,
-         "--without-gossip", "--without-mingle"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            str(VENV_BIN / "shunter"),
+            "worker",
+            "--pool",
+            "solo",
+            "--hostname",
+            name,
+            "--without-gossip",
+            "--without-mingle",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 60

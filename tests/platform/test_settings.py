@@ -24,7 +24,11 @@ PROBE = (
 
 def load_settings(env: dict[str, str]) -> dict[str, object]:
     result = subprocess.run(
-        [sys.executable, "-c", PROBE], cwd=REPO, env=env, capture_output=True, text=True,
+        [sys.executable, "-c", PROBE],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
@@ -49,8 +53,11 @@ def test_embedded_default_uses_sqlite_in_memory_layer_and_eager_tasks(
 
 
 def test_redis_url_switches_channels_cache_and_celery(clean_env: dict[str, str]) -> None:
-    env = {**clean_env, "REDIS_URL": "redis://127.0.0.1:6379/3",
-           "DATABASE_URL": "postgres://u:p@db.example:5433/shunter"}
+    env = {
+        **clean_env,
+        "REDIS_URL": "redis://127.0.0.1:6379/3",
+        "DATABASE_URL": "postgres://u:p@db.example:5433/shunter",
+    }
     loaded = load_settings(env)
     assert loaded["db"] == "django.db.backends.postgresql"
     assert loaded["layer"] == "channels_redis.core.RedisChannelLayer"
@@ -71,7 +78,12 @@ def test_database_url_postgres_parts() -> None:
     db = database_from_url("postgres://alice:s%40cret@10.0.0.5:6543/shunter_prod")
     assert db["ENGINE"] == "django.db.backends.postgresql"
     assert (db["USER"], db["PASSWORD"], db["HOST"], db["PORT"], db["NAME"]) == (
-        "alice", "s@cret", "10.0.0.5", "6543", "shunter_prod")
+        "alice",
+        "s@cret",
+        "10.0.0.5",
+        "6543",
+        "shunter_prod",
+    )
 
 
 def test_database_url_sqlite_absolute_and_relative() -> None:
