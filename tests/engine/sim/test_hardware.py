@@ -1,0 +1,85 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from shunter.engine.sim.hardware import (
+    GB,
+    PROFILES,
+    HardwareProfile,
+    KiB,
+    MiB,
+    get_profile,
+    gh200,
+    h100,
+    h200,
+    load_profile,
+)
+
+
+@pytest.mark.parametrize("profile", list(PROFILES.values()), ids=list(PROFILES))
+def test_link_bandwidth_is_monotonic_in_copy_size(profile: HardwareProfile) -> None:
+    sizes = [2**k for k in range(10, 34)]
+    rates = [profile.link_bandwidth(s) for s in sizes]
+    assert rates == sorted(rates)
+    assert all(r > 0 for r in rates)
+
+
+def test_gh200_curve_passes_through_the_papers_points() -> None:
+    assert gh200.link_bandwidth(64 * KiB) == pytest.approx(10 * GB)
+    assert gh200.link_bandwidth(8 * MiB) == pytest.approx(200 * GB)
+    assert gh200.link_bandwidth(1024 * MiB) == pytest.approx(200 * GB)
+    # A 4 MiB block-first block (Qwen2.5-32B) sits between the two regimes.
+    assert 100 * GB < gh200.link_bandwidth(4 * MiB) < 200 * GB
+    # Below the smallest point a copy costs a constant time.
+    assert gh200.link_bandwidth(16 * KiB) == pytest.approx(2.5 * GB)
+
+
+def test_public_capacities_and_bandwidths() -> None:
+    assert gh200.host_mem_bw == 384 * GB
+    assert h200.hbm_bytes == 141 * GB and h200.hbm_bw == 4.8e12
+    assert h100.hbm_bytes == 80 * GB and h100.hbm_bw == 3.35e12
+    assert h100.link_bandwidth(1 << 30) == pytest.approx(55 * GB)
+    assert all(p.sources for p in PROFILES.values())
+
+
+def test_load_profile_round_trip(tmp_path: Path) -> None:
+    raw = {
+        "name": "measured",
+        "hbm_bytes": 1.4e11,
+        "hbm_bw": 4.0e12,
+        "peak_flops": 7e14,
+        "host_bytes": 4.8e11,
+        "copy_curve": [[65536, 9e9], [1048576, 8e10], [8388608, 1.9e11]],
+        "host_mem_bw": None,
+        "copy_launch_s": 4e-6,
+        "step_overhead_s": 5e-4,
+    }
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps(raw))
+    profile = load_profile(path)
+    assert profile.host_mem_bw is None
+    assert profile.link_bandwidth(1048576) == pytest.approx(8e10)
+    assert get_profile(str(path)) == profile
+    assert get_profile("gh200") is gh200
+
+
+def test_load_profile_rejects_missing_keys_and_bad_curves(tmp_path: Path) -> None:
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps({"name": "x"}))
+    with pytest.raises(ValueError, match="lacks key"):
+        load_profile(path)
+    with pytest.raises(ValueError, match="increasing"):
+        HardwareProfile(
+            name="bad",
+            hbm_bytes=1,
+            hbm_bw=1,
+            peak_flops=1,
+            host_bytes=1,
+            copy_curve=((8.0, 1.0), (4.0, 2.0)),
+            host_mem_bw=None,
+            copy_launch_s=0,
+            step_overhead_s=0,
+        )
+    with pytest.raises(ValueError, match="unknown hardware"):
+        get_profile("tpu")
