@@ -89,31 +89,32 @@ class StepCostModel:
             self._head_bytes / hw.hbm_bw,
         )
 
-    def step_time(self, work: Sequence[SeqWork], num_sampled: int) -> float:
-        """Seconds for one step over ``work``; zero when there is no work."""
+    def forward_time(self, work: Sequence[SeqWork], num_sampled: int) -> float:
+        """Seconds of this model's forward pass over ``work``, without the per-step
+        overhead (a step that runs several models pays that once); zero without work."""
         num_tokens = sum(w.num_new for w in work)
         if num_tokens == 0:
             return 0.0
         per_layer = self.linear_time(num_tokens) + self.attention_time(work)
-        return (
-            self.model.num_layers * per_layer
-            + self.head_time(num_sampled)
-            + self.hardware.step_overhead_s
-        )
+        return self.model.num_layers * per_layer + self.head_time(num_sampled)
 
 
 @dataclass(frozen=True)
 class CopyBatch:
-    """Copies of one direction issued together: ``num_segments`` contiguous segments of
-    ``segment_bytes`` each, in ``num_calls`` copy calls (1 for a batched copy)."""
+    """Copies of one direction issued together, in ``num_calls`` copy calls (1 for a
+    batched copy). ``groups`` are ``(num_segments, segment_bytes)`` pairs: a batch may
+    hold blocks of several models, each a contiguous segment of its model's block size."""
 
-    num_segments: int
-    segment_bytes: int
+    groups: tuple[tuple[int, int], ...] = ()
     num_calls: int = 1
 
     @property
     def total_bytes(self) -> int:
-        return self.num_segments * self.segment_bytes
+        return sum(n * size for n, size in self.groups)
+
+    @property
+    def is_empty(self) -> bool:
+        return self.total_bytes == 0
 
 
 class CopyCostModel:
@@ -129,7 +130,7 @@ class CopyCostModel:
         self.hardware = hardware
         self.bandwidth_scale = bandwidth_scale
 
-    def direction_bandwidth(self, segment_bytes: int) -> float:
+    def segment_bandwidth(self, segment_bytes: int) -> float:
         """One direction alone: the link rate for this size, capped by host memory."""
         hw = self.hardware
         bw = hw.link_bandwidth(segment_bytes)
@@ -137,12 +138,17 @@ class CopyCostModel:
             bw = min(bw, hw.host_mem_bw)
         return bw * self.bandwidth_scale
 
+    def direction_bandwidth(self, batch: CopyBatch) -> float:
+        """One direction alone: the batch's bytes over the time its segments take."""
+        seconds = sum(n * size / self.segment_bandwidth(size) for n, size in batch.groups)
+        return batch.total_bytes / seconds
+
     def one_way_time(self, batch: CopyBatch) -> float:
-        """Seconds for ``batch`` with the other direction idle."""
-        if batch.num_segments == 0:
+        """Seconds for ``batch`` with the other direction idle (0 when empty)."""
+        if batch.is_empty:
             return 0.0
         launch = batch.num_calls * self.hardware.copy_launch_s
-        return launch + batch.total_bytes / self.direction_bandwidth(batch.segment_bytes)
+        return launch + batch.total_bytes / self.direction_bandwidth(batch)
 
     def duplex_times(self, d2h: CopyBatch, h2d: CopyBatch) -> tuple[float, float]:
         """Completion times ``(d2h_s, h2d_s)`` of two batches started together.
@@ -151,15 +157,12 @@ class CopyCostModel:
         shared host-memory bandwidth, split max-min fairly; once one finishes, the other
         continues alone at its one-way rate. Each direction's launch cost comes first.
         """
-        if d2h.num_segments == 0 or h2d.num_segments == 0:
+        if d2h.is_empty or h2d.is_empty:
             return self.one_way_time(d2h), self.one_way_time(h2d)
-        solo = (
-            self.direction_bandwidth(d2h.segment_bytes),
-            self.direction_bandwidth(h2d.segment_bytes),
-        )
+        solo = (self.direction_bandwidth(d2h), self.direction_bandwidth(h2d))
         shared = self.hardware.host_mem_bw
         both = solo if shared is None else _max_min_share(solo, shared * self.bandwidth_scale)
-        left = [float(d2h.total_bytes), float(h2d.total_bytes)]
+        left = (float(d2h.total_bytes), float(h2d.total_bytes))
         done = 0 if left[0] / both[0] <= left[1] / both[1] else 1
         still = 1 - done
         t_done = left[done] / both[done]

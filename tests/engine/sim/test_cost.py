@@ -7,43 +7,49 @@ from shunter.engine.sim.hardware import GB, MiB, gh200, h200
 QWEN = get_model("qwen2.5-32b")
 
 
+def fwd(cost: StepCostModel, work: list[SeqWork], num_sampled: int) -> float:
+    return cost.forward_time(work, num_sampled)
+
+
 def decodes(n: int, context: int) -> list[SeqWork]:
     return [SeqWork(1, context) for _ in range(n)]
 
 
 def test_decode_is_memory_bound() -> None:
     cost = StepCostModel(QWEN, gh200)
-    weights_s = QWEN.param_bytes / gh200.hbm_bw
-    one = cost.step_time(decodes(1, 512), 1)
-    # Reading the weights dominates; the overhead and one sequence's KV add a little.
-    assert weights_s < one < 1.2 * weights_s
+    # A decode step reads every layer and the output head (not the input embedding).
+    head_bytes = QWEN.vocab_size * QWEN.hidden_size * QWEN.dtype_bytes
+    weights_s = (QWEN.num_layers * QWEN.layer_bytes + head_bytes) / gh200.hbm_bw
+    one = fwd(cost, decodes(1, 512), 1)
+    # Reading the weights dominates; one sequence's KV adds a little.
+    assert weights_s < one < 1.05 * weights_s
     # 32 decodes cost barely more than one: the weight read is shared.
-    assert cost.step_time(decodes(32, 512), 32) < 1.2 * one
+    assert fwd(cost, decodes(32, 512), 32) < 1.2 * one
     linear_flops_s = 2 * QWEN.num_params * 32 / gh200.peak_flops
     assert linear_flops_s < QWEN.param_bytes / gh200.hbm_bw
 
 
 def test_long_prefill_is_compute_bound() -> None:
     cost = StepCostModel(QWEN, gh200)
-    t4k = cost.step_time([SeqWork(4096, 0)], 1)
+    t4k = fwd(cost, [SeqWork(4096, 0)], 1)
     flops_s = 2 * QWEN.num_layers * QWEN.layer_params * 4096 / gh200.peak_flops
     assert flops_s < t4k < 1.3 * flops_s
     # Twice the tokens, at least twice the time (attention grows quadratically).
-    assert cost.step_time([SeqWork(8192, 0)], 1) > 2 * (t4k - gh200.step_overhead_s)
+    assert fwd(cost, [SeqWork(8192, 0)], 1) > 2 * t4k
 
 
 def test_step_time_grows_with_batch_and_context() -> None:
     cost = StepCostModel(QWEN, gh200)
-    by_batch = [cost.step_time(decodes(n, 1024), n) for n in (1, 8, 64, 256, 1024)]
+    by_batch = [fwd(cost, decodes(n, 1024), n) for n in (1, 8, 64, 256, 1024)]
     assert by_batch == sorted(by_batch) and by_batch[0] < by_batch[-1]
-    by_context = [cost.step_time(decodes(64, c), 64) for c in (16, 256, 2048, 16384)]
+    by_context = [fwd(cost, decodes(64, c), 64) for c in (16, 256, 2048, 16384)]
     assert by_context == sorted(by_context) and by_context[0] < by_context[-1]
-    by_chunk = [cost.step_time([SeqWork(q, 0)], 1) for q in (16, 256, 1024, 4096)]
+    by_chunk = [fwd(cost, [SeqWork(q, 0)], 1) for q in (16, 256, 1024, 4096)]
     assert by_chunk == sorted(by_chunk)
 
 
 def test_empty_step_costs_nothing() -> None:
-    assert StepCostModel(QWEN, gh200).step_time([], 0) == 0.0
+    assert StepCostModel(QWEN, gh200).forward_time([], 0) == 0.0
 
 
 def test_moe_decode_reads_only_the_routed_experts() -> None:
@@ -61,18 +67,18 @@ def test_moe_decode_reads_only_the_routed_experts() -> None:
 def test_copy_time_follows_segment_size() -> None:
     copies = CopyCostModel(gh200)
     total = 1 << 30
-    small = copies.one_way_time(CopyBatch(total // (64 * 1024), 64 * 1024))
-    large = copies.one_way_time(CopyBatch(total // (8 * MiB), 8 * MiB))
+    small = copies.one_way_time(CopyBatch(((total // (64 * 1024), 64 * 1024),)))
+    large = copies.one_way_time(CopyBatch(((total // (8 * MiB), 8 * MiB),)))
     assert small > 10 * large
     assert large == pytest.approx(gh200.copy_launch_s + total / (200 * GB))
     # One call per segment pays a launch each.
-    unbatched = copies.one_way_time(CopyBatch(128, 8 * MiB, num_calls=128))
+    unbatched = copies.one_way_time(CopyBatch(((128, 8 * MiB),), num_calls=128))
     assert unbatched == pytest.approx(large + 127 * gh200.copy_launch_s)
 
 
 def test_gh200_duplex_is_limited_by_shared_grace_dram() -> None:
     copies = CopyCostModel(gh200)
-    batch = CopyBatch(1000, 8_000_000)  # 8 GB each way (SuperInfer Table 1)
+    batch = CopyBatch(((1000, 8_000_000),))  # 8 GB each way (SuperInfer Table 1)
     d2h, h2d = copies.duplex_times(batch, batch)
     # Ideal duplex: 192 GB/s per direction, 41.66 ms for 8 GB each way.
     assert d2h == pytest.approx(0.04166, rel=0.01)
@@ -83,7 +89,7 @@ def test_gh200_duplex_is_limited_by_shared_grace_dram() -> None:
 
 def test_duplex_survivor_speeds_up_after_the_other_finishes() -> None:
     copies = CopyCostModel(gh200)
-    big, small = CopyBatch(1000, 8 * MiB), CopyBatch(100, 8 * MiB)
+    big, small = CopyBatch(((1000, 8 * MiB),)), CopyBatch(((100, 8 * MiB),))
     d2h, h2d = copies.duplex_times(big, small)
     assert h2d < d2h
     shared_rate = 192 * GB
@@ -94,7 +100,7 @@ def test_duplex_survivor_speeds_up_after_the_other_finishes() -> None:
 
 def test_pcie_directions_are_independent() -> None:
     copies = CopyCostModel(h200)
-    batch = CopyBatch(100, 8 * MiB)
+    batch = CopyBatch(((100, 8 * MiB),))
     assert copies.duplex_times(batch, batch) == pytest.approx(
         (copies.one_way_time(batch), copies.one_way_time(batch))
     )
@@ -103,7 +109,7 @@ def test_pcie_directions_are_independent() -> None:
 
 def test_bandwidth_scale_slows_every_copy() -> None:
     fast, slow = CopyCostModel(gh200), CopyCostModel(gh200, bandwidth_scale=0.05)
-    batch = CopyBatch(500, 4 * MiB)
+    batch = CopyBatch(((500, 4 * MiB),))
     launch = gh200.copy_launch_s
     assert slow.one_way_time(batch) - launch == pytest.approx(
         20 * (fast.one_way_time(batch) - launch)
@@ -113,3 +119,12 @@ def test_bandwidth_scale_slows_every_copy() -> None:
     assert slow_d - launch == pytest.approx(20 * (fast_d - launch))
     with pytest.raises(ValueError):
         CopyCostModel(gh200, bandwidth_scale=0)
+
+
+def test_mixed_batch_takes_the_sum_of_its_segments_times() -> None:
+    copies = CopyCostModel(gh200)
+    small, large = (1000, 64 * 1024), (10, 8 * MiB)
+    mixed = copies.one_way_time(CopyBatch((small, large)))
+    parts = copies.one_way_time(CopyBatch((small,))) + copies.one_way_time(CopyBatch((large,)))
+    assert mixed == pytest.approx(parts - gh200.copy_launch_s)
+    assert copies.one_way_time(CopyBatch()) == 0.0
