@@ -1,0 +1,66 @@
+"""Where each model's weights sit in the arena: one run of whole pages per layer.
+
+Giving every layer its own pages (instead of packing layers back to back) is what lets a
+remapping controller hand one layer's pages to the KV cache and restore them later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from shunter.engine.config import ModelSpec
+from shunter.engine.memory.arena import FREE, Arena, PageOwner
+
+
+@dataclass(frozen=True)
+class WeightLayout:
+    """Pages of one model's weights: ``layers[i]`` for decoder layer i, ``other`` for the
+    embeddings, output head and final norm."""
+
+    model: str
+    layers: tuple[range, ...]
+    other: range
+
+    @property
+    def num_pages(self) -> int:
+        return len(self.other) + sum(len(r) for r in self.layers)
+
+
+def pages_for(num_bytes: int, page_bytes: int) -> int:
+    return -(-num_bytes // page_bytes)
+
+
+def place_weights(arena: Arena, models: Sequence[ModelSpec]) -> dict[str, WeightLayout]:
+    """Place every model's weights from the top of an empty arena downwards.
+
+    Weights go to the top so the KV slabs grow from page 0 in one contiguous region.
+    Raises ValueError when the arena cannot hold them all.
+    """
+    needed = sum(
+        pages_for(m.layer_bytes, arena.page_bytes) * m.num_layers
+        + pages_for(m.embedding_params * m.dtype_bytes, arena.page_bytes)
+        for m in models
+    )
+    if needed > arena.num_free_pages or arena.num_free_pages != arena.num_pages:
+        raise ValueError(
+            f"weights need {needed} pages of {arena.page_bytes} bytes; "
+            f"the arena has {arena.num_free_pages} free of {arena.num_pages}"
+        )
+    top = arena.num_pages
+    layouts: dict[str, WeightLayout] = {}
+
+    def take(num_bytes: int, owner: PageOwner) -> range:
+        nonlocal top
+        run = range(top - pages_for(num_bytes, arena.page_bytes), top)
+        arena.convert(run, FREE, owner)
+        top = run.start
+        return run
+
+    for m in models:
+        other = take(m.embedding_params * m.dtype_bytes, PageOwner.weights(m.name, None))
+        layers = tuple(
+            take(m.layer_bytes, PageOwner.weights(m.name, i)) for i in range(m.num_layers)
+        )
+        layouts[m.name] = WeightLayout(m.name, layers, other)
+    return layouts
