@@ -36,7 +36,8 @@ class Request:
     step reaches ``num_tokens``. The request finishes when it has produced
     ``max_output_tokens`` tokens or the executor reports a stop.
 
-    ``t_run`` is when it last became RUNNING, ``t_last`` when it emitted its last token
+    ``t_run`` is when it last started running (for a request swapped back in: the
+    step it rejoins the batch), ``t_last`` when it emitted its last token
     (``None`` before the first), ``token_times`` every emission time in order.
     """
 

@@ -1,0 +1,143 @@
+"""EngineCore: the step loop over the Clock, Executor and Transfers interfaces.
+
+Pure logic: no torch. The torch executor and the simulator drive the same core.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shunter.engine.config import EngineConfig
+from shunter.engine.interfaces import Clock, Executor, Transfers
+from shunter.engine.memory.manager import KVMemory
+from shunter.engine.plan import BlockCopy, StepPlan
+from shunter.engine.request import Request, RequestState
+from shunter.engine.sched.policies import make_policy
+from shunter.engine.sched.scheduler import Scheduler
+
+
+@dataclass
+class StepStats:
+    """What one step did, for metrics: counts, blocks and bytes moved, and the
+    requests that finished (their timestamps carry TTFT and every token gap).
+
+    ``t_start`` is the clock when the step began and ``t_end`` when its tokens were
+    emitted; ``duration_s`` is the executor's figure for the step.
+    """
+
+    step: int
+    t_start: float
+    t_end: float
+    duration_s: float
+    num_batch_tokens: int
+    num_decodes: int
+    num_prefills: int
+    num_emitted: int
+    num_preempted: int
+    num_swapped_in: int
+    num_admitted: int
+    d2h_blocks: int
+    h2d_blocks: int
+    rotated_blocks: int
+    moved_blocks: int
+    d2h_bytes: int
+    h2d_bytes: int
+    num_waiting: int
+    num_running: int
+    num_rotary: int
+    device_kv_blocks_used: dict[str, int]
+    host_bytes_used: int
+    finished: list[Request] = field(default_factory=list)
+
+
+class EngineCore:
+    """Serves the requests of every model in ``config`` one step at a time.
+
+    ``step()``: poll completed transfers (frees fenced blocks, lands host copies),
+    schedule (policy, memory verbs, batch), submit the plan's copies, execute the
+    batch, then emit tokens, update TTFT/TBT timestamps and finish requests.
+    With ``config.check_integrity`` the memory integrity check runs after every step.
+    """
+
+    def __init__(
+        self, config: EngineConfig, executor: Executor, transfers: Transfers, clock: Clock
+    ) -> None:
+        self.config = config
+        self.executor = executor
+        self.transfers = transfers
+        self.clock = clock
+        self.memory = KVMemory(config)
+        self.scheduler = Scheduler(config, self.memory, make_policy(config.scheduler.policy))
+        self._block_bytes = {spec.name: config.block_bytes(spec.name) for spec in config.models}
+        self._step = 0
+
+    def add_request(self, request: Request) -> None:
+        """Queue a WAITING request; ``request.t_arr`` is its arrival on this clock."""
+        self.scheduler.add_request(request)
+
+    def abort(self, request_id: str) -> Request | None:
+        """End a live request now, freeing all its blocks; None if it is not live."""
+        return self.scheduler.abort(request_id, self.clock.now())
+
+    @property
+    def num_live(self) -> int:
+        return len(self.scheduler.requests)
+
+    def is_idle(self) -> bool:
+        """No live request and no copy in flight."""
+        return not self.scheduler.requests and self.memory.num_pending_steps == 0
+
+    def check_integrity(self) -> None:
+        self.memory.check_integrity(self.scheduler.requests.values())
+
+    def step(self) -> StepStats:
+        t_start = self.clock.now()
+        self.memory.complete(self.transfers.poll(t_start))
+        plan = self.scheduler.schedule(t_start, self._step)
+        self._step += 1
+        self.transfers.submit(plan)
+        result = self.executor.execute(plan)
+        t_end = self.clock.now()
+        finished = self.scheduler.update(plan, result, t_end)
+        if self.config.check_integrity:
+            self.check_integrity()
+        return self._stats(plan, t_start, t_end, result.duration_s, len(result.emitted), finished)
+
+    def _stats(
+        self,
+        plan: StepPlan,
+        t_start: float,
+        t_end: float,
+        duration_s: float,
+        num_emitted: int,
+        finished: list[Request],
+    ) -> StepStats:
+        def nbytes(copies: dict[str, list[BlockCopy]]) -> int:
+            return sum(len(c) * self._block_bytes[m] for m, c in copies.items())
+
+        num_prefills = sum(1 for e in plan.batch if e.is_prefill)
+        return StepStats(
+            step=plan.step,
+            t_start=t_start,
+            t_end=t_end,
+            duration_s=duration_s,
+            num_batch_tokens=plan.num_batch_tokens,
+            num_decodes=len(plan.batch) - num_prefills,
+            num_prefills=num_prefills,
+            num_emitted=num_emitted,
+            num_preempted=len(plan.preempted),
+            num_swapped_in=len(plan.swapped_in),
+            num_admitted=len(plan.admitted),
+            d2h_blocks=plan.num_d2h_blocks,
+            h2d_blocks=plan.num_h2d_blocks,
+            rotated_blocks=sum(map(len, plan.rotate.values())),
+            moved_blocks=sum(map(len, plan.moves.values())),
+            d2h_bytes=nbytes(plan.swap_out) + nbytes(plan.rotate),
+            h2d_bytes=nbytes(plan.swap_in),
+            num_waiting=self.scheduler.count(RequestState.WAITING),
+            num_running=self.scheduler.count(RequestState.RUNNING),
+            num_rotary=self.scheduler.count(RequestState.ROTARY),
+            device_kv_blocks_used=self.memory.blocks_used(),
+            host_bytes_used=self.memory.host.used_bytes,
+            finished=finished,
+        )

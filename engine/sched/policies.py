@@ -1,0 +1,19 @@
+"""Policies by name, as ``SchedulerConfig.policy`` spells them."""
+
+from __future__ import annotations
+
+from shunter.engine.sched.fcfs import FcfsPolicy
+from shunter.engine.sched.lvf import LvfPolicy
+from shunter.engine.sched.policy import Policy
+from shunter.engine.sched.static import SwappedFirstPolicy, WaitingFirstPolicy
+
+POLICY_CLASSES: dict[str, type[Policy]] = {
+    cls.name: cls for cls in (FcfsPolicy, WaitingFirstPolicy, SwappedFirstPolicy, LvfPolicy)
+}
+
+
+def make_policy(name: str) -> Policy:
+    try:
+        return POLICY_CLASSES[name]()
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; choose from {sorted(POLICY_CLASSES)}") from None

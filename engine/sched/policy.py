@@ -1,0 +1,81 @@
+"""The policy interface: who runs, who is preempted, who is brought onto the device.
+
+A policy sees one model's requests and counts from memory, never block tables, and
+returns a Decision. The Scheduler carries it out in order and stops at the first
+request that does not fit, so a decision may ask for more than the step can do.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from shunter.engine.request import Request
+
+
+@dataclass(frozen=True)
+class PolicyInput:
+    """One model's state at the start of a step.
+
+    ``running`` is in the order requests became RUNNING (oldest first); ``waiting`` in
+    arrival order; ``rotary`` lists ROTARY requests whose host copies have landed (the
+    others cannot be swapped in yet), in preemption order. ``blk(r)`` is the number of
+    device blocks r holds (RUNNING) or needs (otherwise). ``xfer_budget`` is B_xfer.
+    """
+
+    model: str
+    now: float
+    running: Sequence[Request]
+    waiting: Sequence[Request]
+    rotary: Sequence[Request]
+    num_free_blocks: int
+    xfer_budget: int
+    blk: Callable[[Request], int]
+
+
+@dataclass
+class Decision:
+    """``preempt``: RUNNING requests to rotate out, in order. ``admit``: WAITING and
+    ROTARY requests to bring onto the device, in priority order."""
+
+    preempt: list[Request] = field(default_factory=list)
+    admit: list[Request] = field(default_factory=list)
+
+
+class Policy(ABC):
+    """A scheduling policy.
+
+    ``schedule`` decides proactive preemption and admission for one model and one
+    step. ``victim`` picks whom to preempt when a running request cannot get a block
+    for its next token (passive preemption, common to every policy); the default is
+    vLLM's: the latest arrival.
+    """
+
+    name: str
+
+    @abstractmethod
+    def schedule(self, state: PolicyInput) -> Decision: ...
+
+    def victim(self, running: Sequence[Request], now: float) -> Request:
+        return max(running, key=lambda r: r.t_arr)
+
+
+def by_arrival(*groups: Sequence[Request]) -> list[Request]:
+    """All requests of ``groups`` by arrival time (stable for ties)."""
+    return sorted((r for group in groups for r in group), key=lambda r: r.t_arr)
+
+
+def admit_fitting(
+    candidates: Sequence[Request], free: int, blk: Callable[[Request], int]
+) -> list[Request]:
+    """The head of ``candidates`` whose blocks fit in ``free``: stop at the first that
+    does not (head-of-line blocking, as in FCFS serving systems)."""
+    admitted = []
+    for r in candidates:
+        need = blk(r)
+        if need > free:
+            break
+        admitted.append(r)
+        free -= need
+    return admitted

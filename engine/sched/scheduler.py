@@ -1,0 +1,217 @@
+"""The Scheduler: live requests in, one StepPlan per step out, results applied back.
+
+It composes the policy (who), KVMemory (where) and the per-model queues, and owns the
+parts every policy shares: decode first with passive preemption, chunked prefill
+under a token budget, the cross-iteration pipeline, and eager rotation.
+"""
+
+from __future__ import annotations
+
+from shunter.engine.config import EngineConfig
+from shunter.engine.memory.manager import KVMemory
+from shunter.engine.plan import BatchEntry, StepPlan, StepResult
+from shunter.engine.request import Request, RequestState
+from shunter.engine.sched.policy import Decision, Policy, PolicyInput
+from shunter.engine.sched.queues import RequestQueues
+
+RUNNING, ROTARY, WAITING = RequestState.RUNNING, RequestState.ROTARY, RequestState.WAITING
+
+
+class Scheduler:
+    """Plans steps for every model of one engine.
+
+    Step order (``schedule``):
+      1. Decode first: each running request in decode gets a block for its next token;
+         when none is free the policy's victim is preempted (passive preemption).
+      2. For each model, the policy's decision: preemptions are applied now.
+      3. Batch: decodes, then prefill chunks of running requests, within
+         ``max_batch_tokens``.
+      4. Admissions in the decision's order, stopping at the first that does not fit:
+         waiting requests get blocks and a first prefill chunk; rotary requests are
+         swapped in and join the batch next step (their H2D overlaps this step);
+         their ``t_run`` is that next step, so they run before they can rotate again.
+      5. Eager rotation of SYNCED blocks.
+    ``update`` applies the executor's result: KV progress, tokens, finished requests.
+    """
+
+    def __init__(self, config: EngineConfig, memory: KVMemory, policy: Policy) -> None:
+        self.config = config.scheduler
+        self.memory = memory
+        self.policy = policy
+        self.queues = {spec.name: RequestQueues() for spec in config.models}
+        self.requests: dict[str, Request] = {}
+        self._released: list[str] = []
+        self._joining: list[Request] = []
+
+    # -- requests --------------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        if request.model not in self.queues:
+            raise ValueError(f"request {request.id!r}: unknown model {request.model!r}")
+        if request.id in self.requests:
+            raise ValueError(f"request {request.id!r} already exists")
+        if request.state is not WAITING or request.num_computed_tokens:
+            raise ValueError(f"request {request.id!r} must arrive WAITING with no KV")
+        need = self.memory.num_blocks(request.prompt_tokens + request.max_output_tokens)
+        if need > self.memory.num_total_blocks(request.model):
+            raise ValueError(
+                f"request {request.id!r} needs {need} KV blocks; model {request.model!r} "
+                f"has {self.memory.num_total_blocks(request.model)}"
+            )
+        self.requests[request.id] = request
+        self.queues[request.model].waiting[request.id] = request
+
+    def abort(self, request_id: str, now: float) -> Request | None:
+        """End a live request and free everything it holds; None if it is not live."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return None
+        request.aborted = True
+        self._finish(request, now)
+        return request
+
+    @property
+    def num_running(self) -> int:
+        return sum(len(q.running) for q in self.queues.values())
+
+    def count(self, state: RequestState) -> int:
+        return sum(len(q.of(state)) for q in self.queues.values())
+
+    # -- one step --------------------------------------------------------------------------
+    def schedule(self, now: float, step: int) -> StepPlan:
+        plan = StepPlan(step=step, released=self._released)
+        self._released = []
+        # Requests swapped in last step start running now, when they join the batch:
+        # their VLT is 0 at this step's decision, so they run before they can rotate.
+        for r in self._joining:
+            if r.state is RUNNING:
+                r.t_run = now
+        self._joining = []
+        self.memory.begin_step(plan)
+        decodes = [r for q in self.queues.values() for r in self._reserve_decodes(q, plan, now)]
+        decisions = {model: self._decide(model, q, plan, now) for model, q in self.queues.items()}
+
+        tokens = self.config.max_batch_tokens
+        for r in decodes:
+            if r.state is RUNNING and tokens > 0:
+                plan.batch.append(BatchEntry(r.id, r.model, 1, r.num_computed_tokens, False, True))
+                tokens -= 1
+        for q in self.queues.values():
+            for r in q.running.values():
+                if tokens > 0 and r.is_prefill:
+                    tokens -= self._add_chunk(plan, r, tokens)
+
+        num_running = self.num_running
+        for model, decision in decisions.items():
+            q = self.queues[model]
+            for r in decision.admit:
+                if num_running >= self.config.max_running:
+                    break
+                used = self._admit(r, q, plan, now, tokens)
+                if used is None:
+                    break
+                num_running += 1
+                tokens -= used
+        self.memory.rotate()
+        self.memory.end_step()
+        return plan
+
+    def update(self, plan: StepPlan, result: StepResult, now: float) -> list[Request]:
+        """Apply the executor's result at time ``now``; return the requests that finished."""
+        finished = []
+        for entry in plan.batch:
+            r = self.requests[entry.request_id]
+            r.num_computed_tokens += entry.num_tokens
+            self.memory.mark_computed(r)
+            if not entry.samples:
+                continue
+            if r.id not in result.emitted:
+                raise RuntimeError(f"step {plan.step}: no token for request {r.id!r}")
+            r.record_token(now, result.emitted[r.id])
+            if r.num_output_tokens >= r.max_output_tokens or r.id in result.stopped:
+                self._finish(r, now)
+                finished.append(r)
+        return finished
+
+    # -- parts ---------------------------------------------------------------------------
+    def _reserve_decodes(self, q: RequestQueues, plan: StepPlan, now: float) -> list[Request]:
+        reserved = []
+        for r in list(q.running.values()):
+            if r.state is not RUNNING or r.is_prefill:
+                continue
+            while not self.memory.can_append(r, 1):
+                victim = self.policy.victim(list(q.running.values()), now)
+                self._preempt(victim, q, plan)
+                if victim is r:
+                    break
+            else:
+                self.memory.append(r, 1)
+                reserved.append(r)
+        return reserved
+
+    def _decide(self, model: str, q: RequestQueues, plan: StepPlan, now: float) -> Decision:
+        moved = plan.num_h2d_blocks + sum(map(len, plan.swap_out.values()))
+        state = PolicyInput(
+            model=model,
+            now=now,
+            running=list(q.running.values()),
+            waiting=list(q.waiting.values()),
+            rotary=[r for r in q.rotary.values() if self.memory.has_landed(r)],
+            num_free_blocks=self.memory.num_free_blocks(model),
+            xfer_budget=max(0, self.config.xfer_budget_blocks - moved),
+            blk=self.memory.blk,
+        )
+        decision = self.policy.schedule(state)
+        for r in decision.preempt:
+            if r.state is RUNNING:
+                self._preempt(r, q, plan)
+        return decision
+
+    def _preempt(self, r: Request, q: RequestQueues, plan: StepPlan) -> None:
+        """RUNNING -> ROTARY with its KV swapped out; without KV worth keeping or host
+        space for it, RUNNING -> WAITING to recompute."""
+        r.num_preemptions += 1
+        plan.preempted.append(r.id)
+        if r.num_computed_tokens and self.memory.can_swap_out(r):
+            self.memory.swap_out(r)
+            q.move(r, ROTARY)
+            return
+        self.memory.free(r)
+        r.num_computed_tokens = 0
+        q.move(r, WAITING)
+
+    def _admit(
+        self, r: Request, q: RequestQueues, plan: StepPlan, now: float, tokens: int
+    ) -> int | None:
+        """Bring ``r`` onto the device; the batch tokens it took, or None if it did not fit."""
+        used = 0
+        if r.state is ROTARY:
+            if not self.memory.can_swap_in(r):
+                return None
+            self.memory.swap_in(r)
+            plan.swapped_in.append(r.id)
+            self._joining.append(r)
+        else:
+            if r.state is not WAITING:
+                raise ValueError(f"policy {self.policy.name} admits {r.state.name} {r.id!r}")
+            if tokens <= 0 or not self.memory.can_allocate(r):
+                return None
+            self.memory.allocate(r)
+            plan.admitted.append(r.id)
+            used = self._add_chunk(plan, r, tokens)
+        q.move(r, RUNNING)
+        r.t_run = now
+        return used
+
+    @staticmethod
+    def _add_chunk(plan: StepPlan, r: Request, tokens: int) -> int:
+        n = min(r.num_pending_tokens, tokens)
+        samples = n == r.num_pending_tokens
+        plan.batch.append(BatchEntry(r.id, r.model, n, r.num_computed_tokens, True, samples))
+        return n
+
+    def _finish(self, r: Request, now: float) -> None:
+        self.memory.free(r)
+        self.queues[r.model].move(r, RequestState.FINISHED)
+        del self.requests[r.id]
+        r.t_finish = now
+        self._released.append(r.id)
