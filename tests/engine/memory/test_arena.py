@@ -1,0 +1,123 @@
+"""Page ownership, weight placement, and per-model block pools over the arena."""
+
+from __future__ import annotations
+
+import pytest
+
+from shunter.engine.config import ModelSpec
+from shunter.engine.memory.arena import FREE, Arena, OwnerKind, PageOwner
+from shunter.engine.memory.pool import BlockPool
+from shunter.engine.memory.weights import place_weights
+
+
+def test_convert_moves_pages_between_owners_and_counts_free_pages() -> None:
+    arena = Arena(num_pages=8, page_bytes=1024)
+    w = PageOwner.weights("m", 0)
+    arena.convert(range(4, 8), FREE, w)
+    assert arena.num_free_pages == 4
+    # A weight layer's pages go to the KV cache (via FREE) and back.
+    arena.convert([6, 7], w, FREE)
+    arena.convert([6, 7], FREE, PageOwner.kv("m"))
+    assert arena.counts()[PageOwner.kv("m")] == 2
+    arena.convert([6, 7], PageOwner.kv("m"), FREE)
+    arena.convert([6, 7], FREE, w)
+    assert arena.pages_of(w) == [4, 5, 6, 7]
+    assert arena.num_free_pages == 4
+    arena.check_integrity()
+
+
+def test_convert_checks_every_page_before_changing_any() -> None:
+    arena = Arena(num_pages=4, page_bytes=1024)
+    arena.convert([2], FREE, PageOwner.kv("m"))
+    version = arena.version
+    with pytest.raises(ValueError):
+        arena.convert([1, 2], FREE, PageOwner.kv("x"))
+    assert arena.owner(1) is FREE and arena.version == version
+    with pytest.raises(ValueError):
+        arena.convert([0, 0], FREE, PageOwner.kv("x"))
+    with pytest.raises(IndexError):
+        arena.convert([4], FREE, PageOwner.kv("x"))
+
+
+def test_find_free_run() -> None:
+    arena = Arena(num_pages=6, page_bytes=1)
+    arena.convert([2], FREE, PageOwner.kv("m"))
+    assert arena.find_free_run(2) == 0
+    assert arena.find_free_run(3) == 3
+    assert arena.find_free_run(2, from_top=True) == 4
+    assert arena.find_free_run(4) is None
+
+
+def test_weights_sit_on_top_one_run_of_pages_per_layer() -> None:
+    spec = ModelSpec(
+        "m",
+        num_layers=3,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=4,
+        hidden_size=8,
+        intermediate_size=16,
+        vocab_size=32,
+    )
+    page = 256
+    arena = Arena(num_pages=64, page_bytes=page)
+    layout = place_weights(arena, [spec])["m"]
+    per_layer = -(-spec.layer_bytes // page)
+    assert all(len(r) == per_layer for r in layout.layers)
+    assert layout.other.stop == 64
+    assert arena.num_free_pages == 64 - layout.num_pages
+    for i, run in enumerate(layout.layers):
+        assert all(arena.owner(p) == PageOwner.weights("m", i) for p in run)
+    with pytest.raises(ValueError):
+        place_weights(Arena(num_pages=2, page_bytes=page), [spec])
+
+
+@pytest.mark.parametrize(
+    ("block_bytes", "page_bytes", "pages_per_chunk", "blocks_per_chunk"),
+    [
+        (2048, 2048, 1, 1),  # Llama-3-8B at 16 tokens: 2 MiB blocks in 2 MiB pages
+        (4096, 2048, 2, 1),  # Qwen2.5-32B: a 4 MiB block spans two pages
+        (512, 2048, 1, 4),
+        (1600, 256, 25, 4),  # 12.5 MiB blocks (OPT-13B) in 2 MiB pages: lcm 50 MiB
+    ],
+)
+def test_pool_geometry_when_blocks_and_pages_do_not_divide(
+    block_bytes: int, page_bytes: int, pages_per_chunk: int, blocks_per_chunk: int
+) -> None:
+    arena = Arena(num_pages=pages_per_chunk * 4 - 1, page_bytes=page_bytes)  # 3 whole chunks
+    pool = BlockPool(arena, "m", block_bytes)
+    assert (pool.pages_per_chunk, pool.blocks_per_chunk) == (pages_per_chunk, blocks_per_chunk)
+    assert pool.num_free == pool.num_total == 3 * blocks_per_chunk
+    blocks = pool.allocate(blocks_per_chunk + 1)
+    assert blocks == list(range(blocks_per_chunk + 1))  # lowest ids first
+    assert pool.held_chunks == [0, 1]
+    # Block b covers bytes [b * block_bytes, (b + 1) * block_bytes): inside KV pages.
+    for b in blocks:
+        for p in range(
+            b * block_bytes // page_bytes, ((b + 1) * block_bytes - 1) // page_bytes + 1
+        ):
+            assert arena.owner(p) == PageOwner.kv("m")
+    pool.check_integrity(set(blocks))
+    with pytest.raises(MemoryError):
+        pool.allocate(pool.num_free + 1)
+
+
+def test_two_models_share_one_arena() -> None:
+    arena = Arena(num_pages=8, page_bytes=1000)
+    a = BlockPool(arena, "a", 500)  # two blocks per page
+    b = BlockPool(arena, "b", 2000)  # one block per two pages
+    assert (a.num_free, b.num_free) == (16, 4)
+    a_blocks = a.allocate(3)  # claims pages 0 and 1
+    assert b.num_free == 3  # chunk 0 of b (pages 0-1) is gone
+    b_blocks = b.allocate(1)
+    assert b_blocks == [1] and arena.owner(2).model == "b" and arena.owner(3).model == "b"
+    assert a.num_free == 1 + 8  # the rest of page 1, and pages 4-7
+    a.free(a_blocks)
+    a.release(0)
+    a.release(1)
+    assert b.num_free == 4 - 1
+    assert {arena.owner(p).kind for p in range(8)} == {OwnerKind.FREE, OwnerKind.KV}
+    with pytest.raises(ValueError):
+        b.release(1)  # still used
+    a.check_integrity(set())
+    b.check_integrity({1})

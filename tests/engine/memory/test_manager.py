@@ -1,0 +1,241 @@
+"""KVMemory's paired verbs, DuplexKV's copy rules, compaction and the integrity check."""
+
+from __future__ import annotations
+
+import pytest
+
+from shunter.engine.config import ModelSpec, RotationConfig
+from shunter.engine.memory.manager import KVMemory
+from shunter.engine.plan import BlockCopy, StepPlan
+from shunter.engine.request import Request, RequestState
+from tests.engine.fakes import BLOCK_TOKENS, TINY, request, tiny_config
+
+ALWAYS = RotationConfig(eager=True, budget_blocks=100, watermark=0.0)
+NEVER = RotationConfig(eager=False)
+
+
+class Harness:
+    """A KVMemory plus the requests it serves, stepping plans by hand."""
+
+    def __init__(self, kv_blocks: int, rotation: RotationConfig = NEVER, **kw: object) -> None:
+        self.memory = KVMemory(tiny_config(kv_blocks=kv_blocks, rotation=rotation, **kw))  # type: ignore[arg-type]
+        self.requests: list[Request] = []
+        self.step = 0
+        self.plan = StepPlan(step=0)
+        self.memory.begin_step(self.plan)
+
+    def next_step(self, complete: bool = True) -> StepPlan:
+        """End the current plan (optionally completing its copies) and start the next."""
+        done = self.plan
+        self.memory.end_step()
+        if complete:
+            self.memory.complete([done.step])
+        self.step += 1
+        self.plan = StepPlan(step=self.step)
+        self.memory.begin_step(self.plan)
+        self.check()
+        return done
+
+    def running(self, rid: str, prompt: int, computed: int) -> Request:
+        r = request(rid, prompt, 8)
+        self.requests.append(r)
+        self.memory.allocate(r)
+        r.state = RequestState.RUNNING
+        r.num_computed_tokens = computed
+        self.memory.mark_computed(r)
+        return r
+
+    def swap_out(self, r: Request) -> None:
+        self.memory.swap_out(r)
+        r.state = RequestState.ROTARY
+
+    def swap_in(self, r: Request) -> None:
+        self.memory.swap_in(r)
+        r.state = RequestState.RUNNING
+
+    def check(self) -> None:
+        self.memory.check_integrity(
+            r for r in self.requests if r.state is not RequestState.FINISHED
+        )
+
+
+def test_allocate_append_free_keep_free_plus_used_equal_total() -> None:
+    h = Harness(kv_blocks=6)
+    m = h.memory
+    r = h.running("a", prompt=5, computed=0)  # 2 blocks of 4 tokens
+    assert m.num_free_blocks("tiny") == 4 and m.blk(r) == 2
+    r.num_computed_tokens = 5
+    m.mark_computed(r)
+    assert m.can_append(r, 3) and m.can_append(r, 19) and not m.can_append(r, 20)
+    m.append(r, 4)  # tokens 5..8 need a third block
+    assert m.blk(r) == 3 and m.num_free_blocks("tiny") == 3
+    h.check()
+    m.free(r)
+    r.state = RequestState.FINISHED
+    assert m.num_free_blocks("tiny") == 6
+    h.check()
+
+
+def test_blocks_become_synced_when_full_and_written_blocks_lose_host_copies() -> None:
+    h = Harness(kv_blocks=8)
+    r = h.running("a", prompt=10, computed=10)
+    h.swap_out(r)  # 3 blocks: 2 SYNCED, 1 DIRTY; all copied
+    assert len(h.plan.swap_out["tiny"]) == 3
+    h.next_step()
+    h.swap_in(r)
+    h.next_step()
+    r.num_computed_tokens = 11  # one more token lands in the DIRTY third block
+    h.memory.mark_computed(r)
+    h.swap_out(r)
+    # Only the rewritten DIRTY block is copied: SYNCED host copies stay valid.
+    assert h.plan.swap_out["tiny"] == [BlockCopy(h.plan.swap_out["tiny"][0].device_block, 2)]
+    h.next_step()
+
+
+def test_eager_rotation_then_preemption_copies_only_the_dirty_block() -> None:
+    h = Harness(kv_blocks=8, rotation=ALWAYS)
+    r = h.running("a", prompt=10, computed=10)
+    assert h.memory.rotate() == 2  # the two SYNCED blocks
+    assert h.memory.rotate() == 0  # each block is rotated once
+    h.next_step()
+    free_before = h.memory.num_free_blocks("tiny")
+    h.swap_out(r)
+    assert len(h.plan.swap_out["tiny"]) == 1
+    # The two rotated blocks are freed at once; the DIRTY one when its copy lands.
+    assert h.memory.num_free_blocks("tiny") == free_before + 2
+    assert not h.memory.has_landed(r)
+    h.next_step()
+    assert h.memory.num_free_blocks("tiny") == free_before + 3
+    assert h.memory.has_landed(r)
+
+
+def test_rotation_stays_off_below_the_watermark_and_within_its_budget() -> None:
+    h = Harness(kv_blocks=8, rotation=RotationConfig(budget_blocks=1, watermark=0.5))
+    h.running("a", prompt=12, computed=12)  # 3 of 8 blocks used: below half
+    assert h.memory.rotate() == 0
+    h.running("b", prompt=4, computed=4)  # 4 of 8: at the watermark
+    assert h.memory.rotate() == 1
+    assert h.memory.rotate() == 1
+    h.next_step()
+
+
+def test_preempting_a_block_still_rotating_waits_for_that_copy() -> None:
+    h = Harness(kv_blocks=8, rotation=ALWAYS)
+    r = h.running("a", prompt=8, computed=8)
+    assert h.memory.rotate() == 2
+    h.swap_out(r)  # same step: the rotation copies are in flight, nothing new to copy
+    assert "tiny" not in h.plan.swap_out
+    assert h.memory.num_free_blocks("tiny") == 6
+    assert not h.memory.can_swap_in(r)
+    with pytest.raises(RuntimeError):
+        h.memory.swap_in(r)
+    h.next_step()
+    assert h.memory.num_free_blocks("tiny") == 8 and h.memory.can_swap_in(r)
+
+
+def test_no_h2d_into_a_block_whose_d2h_is_pending() -> None:
+    h = Harness(kv_blocks=3)
+    a = h.running("a", prompt=8, computed=8)  # 2 blocks
+    b = h.running("b", prompt=4, computed=4)  # 1 block
+    h.swap_out(b)
+    h.next_step()
+    h.swap_out(a)  # both of a's blocks have D2H copies in flight
+    sources = {c.device_block for c in h.plan.swap_out["tiny"]}
+    # b needs one block: only the block that was never a D2H source qualifies.
+    assert h.memory.can_swap_in(b)
+    h.swap_in(b)
+    (dst,) = (c.device_block for c in h.plan.swap_in["tiny"])
+    assert dst not in sources
+    assert h.memory.num_free_blocks("tiny") == 0
+    h.next_step()
+    assert h.memory.num_free_blocks("tiny") == 2
+
+
+def test_free_during_a_copy_defers_until_it_completes() -> None:
+    h = Harness(kv_blocks=2, host_blocks=2)
+    r = h.running("a", prompt=8, computed=8)
+    h.swap_out(r)
+    h.memory.free(r)  # aborted while its copies run
+    r.state = RequestState.FINISHED
+    assert h.memory.num_free_blocks("tiny") == 0
+    assert h.memory.host.num_used("tiny") == 2
+    h.check()
+    h.next_step()
+    assert h.memory.num_free_blocks("tiny") == 2
+    assert h.memory.host.num_used("tiny") == 0
+
+
+def test_swap_out_needs_host_space_for_blocks_without_a_host_copy() -> None:
+    h = Harness(kv_blocks=4, host_blocks=1)
+    r = h.running("a", prompt=8, computed=8)
+    assert not h.memory.can_swap_out(r)
+    r.num_computed_tokens = 3  # hypothetically less KV: one block to keep
+    assert h.memory.can_swap_out(r)
+    r.num_computed_tokens = 8
+
+
+def test_compaction_moves_blocks_down_and_releases_the_top() -> None:
+    h = Harness(kv_blocks=6)
+    m = h.memory
+    a = h.running("a", prompt=12, computed=12)  # blocks 0, 1, 2
+    b = h.running("b", prompt=8, computed=8)  # blocks 3, 4
+    m.free(a)
+    a.state = RequestState.FINISHED
+    held = m.arena.num_free_pages
+    assert m.compact("tiny") == 0  # the top held chunk (block 4) has a live block: moved
+    moves = h.plan.moves["tiny"]
+    assert sorted(mv.src for mv in moves) == [4] and moves[0].dst == 0
+    assert m.block_ids("b") == [3, 0]
+    h.next_step()
+    released = m.compact("tiny")  # block 4's chunk is empty now; 3's has a live block
+    assert released == 1 and m.arena.num_free_pages == held + 1
+    h.next_step()
+    del b
+
+
+def test_integrity_check_catches_a_block_owned_twice() -> None:
+    h = Harness(kv_blocks=4)
+    a = h.running("a", prompt=4, computed=4)
+    h.running("b", prompt=4, computed=4)
+    table_a = h.memory._tables["a"]
+    table_b = h.memory._tables["b"]
+    table_b.blocks[0].device = table_a.blocks[0].device
+    with pytest.raises(AssertionError):
+        h.check()
+    del a
+
+
+def test_integrity_check_catches_a_table_that_disagrees_with_the_state() -> None:
+    h = Harness(kv_blocks=4)
+    r = h.running("a", prompt=4, computed=4)
+    r.state = RequestState.WAITING  # a waiting request must own nothing
+    with pytest.raises(AssertionError):
+        h.check()
+    r.state = RequestState.ROTARY  # a rotary one no device block
+    with pytest.raises(AssertionError):
+        h.check()
+
+
+def test_models_with_different_block_sizes_share_the_arena() -> None:
+    big = ModelSpec(
+        "big",
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        hidden_size=32,
+        intermediate_size=64,
+        vocab_size=128,
+    )
+    h = Harness(kv_blocks=8, models=(TINY, big))
+    m = h.memory
+    total_tiny, total_big = m.num_total_blocks("tiny"), m.num_total_blocks("big")
+    assert total_tiny == 2 * total_big  # big blocks are twice the bytes
+    r = request("x", 8, 4, model="big")
+    m.allocate(r)
+    r.state = RequestState.RUNNING
+    h.requests.append(r)
+    assert m.num_total_blocks("tiny") == total_tiny - 4
+    assert m.blocks_used() == {"tiny": 0, "big": 2}
+    h.check()
+    assert BLOCK_TOKENS == 4

@@ -1,0 +1,58 @@
+"""Hand-built policy states: requests with given timestamps and block counts."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from shunter.engine.config import SloSpec
+from shunter.engine.request import Request, RequestState
+from shunter.engine.sched.policy import PolicyInput
+
+SLO = SloSpec("paper", ttft_s=5.0, tbt_s=0.1, alpha=3.0, beta_b=0.0, beta_f=0.5)
+
+
+class Book:
+    """Requests by name with their block counts, and a PolicyInput over them."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[str, int] = {}
+        self.requests: dict[str, Request] = {}
+
+    def add(
+        self,
+        name: str,
+        state: RequestState,
+        blocks: int = 1,
+        *,
+        t_arr: float = 0.0,
+        t_run: float | None = None,
+        t_last: float | None = None,
+        slo: SloSpec = SLO,
+    ) -> Request:
+        r = Request(id=name, model="m", prompt_tokens=4, max_output_tokens=4, slo=slo, t_arr=t_arr)
+        r.state, r.t_run, r.t_last = state, t_run, t_last
+        self.blocks[name] = blocks
+        self.requests[name] = r
+        return r
+
+    def blk(self, r: Request) -> int:
+        return self.blocks[r.id]
+
+    def of(self, state: RequestState) -> list[Request]:
+        return [r for r in self.requests.values() if r.state is state]
+
+    def state(self, now: float, free: int, xfer: int) -> PolicyInput:
+        return PolicyInput(
+            model="m",
+            now=now,
+            running=self.of(RequestState.RUNNING),
+            waiting=self.of(RequestState.WAITING),
+            rotary=self.of(RequestState.ROTARY),
+            num_free_blocks=free,
+            xfer_budget=xfer,
+            blk=self.blk,
+        )
+
+
+def ids(requests: Sequence[Request]) -> list[str]:
+    return [r.id for r in requests]

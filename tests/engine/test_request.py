@@ -1,0 +1,80 @@
+"""VLT per state and parameter (SuperInfer §4.2.2, S_B = TBT SLO, S_F = TTFT SLO)."""
+
+from __future__ import annotations
+
+import pytest
+
+from shunter.engine.config import SloSpec
+from shunter.engine.request import Request, RequestState
+
+
+def make(state: RequestState, slo: SloSpec, **times: float | None) -> Request:
+    r = Request(id="r", model="m", prompt_tokens=8, max_output_tokens=4, slo=slo, t_arr=10.0)
+    r.state = state
+    for name, value in times.items():
+        setattr(r, name, value)
+    return r
+
+
+PAPER = SloSpec("paper", ttft_s=5.0, tbt_s=0.1, alpha=3.0, beta_b=0.0, beta_f=0.5)
+
+
+@pytest.mark.parametrize(
+    ("state", "slo", "times", "now", "expected"),
+    [
+        # waiting: relu(now - t_arr - beta_f * S_F); tolerance 0.5 * 5 s = 2.5 s
+        (RequestState.WAITING, PAPER, {}, 11.0, 0.0),
+        (RequestState.WAITING, PAPER, {}, 12.5, 0.0),
+        (RequestState.WAITING, PAPER, {}, 14.0, 1.5),
+        (RequestState.WAITING, SloSpec("f0", 5.0, 0.1, beta_f=0.0), {}, 14.0, 4.0),
+        (RequestState.WAITING, SloSpec("f2", 1.0, 0.1, beta_f=2.0), {}, 14.0, 2.0),
+        # rotary: alpha * relu(now - t_last - beta_b * S_B)
+        (RequestState.ROTARY, PAPER, {"t_last": 20.0}, 20.5, 1.5),
+        (RequestState.ROTARY, SloSpec("a1", 5.0, 0.1, alpha=1.0), {"t_last": 20.0}, 20.5, 0.5),
+        (RequestState.ROTARY, SloSpec("b2", 5.0, 0.1, beta_b=2.0), {"t_last": 20.0}, 20.1, 0.0),
+        (RequestState.ROTARY, SloSpec("b2", 5.0, 0.1, beta_b=2.0), {"t_last": 20.0}, 20.5, 0.9),
+        (RequestState.ROTARY, SloSpec("a0", 5.0, 0.1, alpha=0.0), {"t_last": 20.0}, 99.0, 0.0),
+        # rotary before its first token lags on TTFT: the waiting branch
+        (RequestState.ROTARY, PAPER, {"t_last": None}, 14.0, 1.5),
+        # running: -(now - t_run), whatever the SLO
+        (RequestState.RUNNING, PAPER, {"t_run": 30.0}, 30.0, 0.0),
+        (RequestState.RUNNING, PAPER, {"t_run": 30.0}, 32.5, -2.5),
+        (RequestState.RUNNING, SloSpec("x", 1.0, 1.0, alpha=9.0), {"t_run": 30.0}, 31.0, -1.0),
+    ],
+)
+def test_vlt(
+    state: RequestState, slo: SloSpec, times: dict[str, float | None], now: float, expected: float
+) -> None:
+    assert make(state, slo, **times).vlt(now) == pytest.approx(expected)
+
+
+def test_token_accounting_and_latencies() -> None:
+    r = make(RequestState.RUNNING, PAPER, t_run=10.0)
+    assert (r.num_tokens, r.num_pending_tokens, r.is_prefill) == (8, 8, True)
+    r.num_computed_tokens = 8
+    r.record_token(11.0, 7)
+    assert (r.num_tokens, r.num_pending_tokens, r.is_prefill) == (9, 1, False)
+    r.num_computed_tokens = 9
+    r.record_token(11.5, None)
+    r.record_token(12.5, None)
+    assert r.ttft == pytest.approx(1.0)
+    assert r.tpot == pytest.approx(0.75)
+    assert r.token_times == [11.0, 11.5, 12.5]
+    assert r.output_token_ids == [7]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"prompt_tokens": 0}, {"max_output_tokens": 0}, {"prompt_token_ids": [1, 2]}],
+)
+def test_invalid_requests(kwargs: dict[str, object]) -> None:
+    base: dict[str, object] = {
+        "id": "r",
+        "model": "m",
+        "prompt_tokens": 3,
+        "max_output_tokens": 1,
+        "slo": PAPER,
+        "t_arr": 0.0,
+    }
+    with pytest.raises(ValueError):
+        Request(**{**base, **kwargs})  # type: ignore[arg-type]
