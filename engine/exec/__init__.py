@@ -1,0 +1,1 @@
+"""The torch executor: model directories, weight loading, forward pass, sampling."""

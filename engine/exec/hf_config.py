@@ -1,0 +1,179 @@
+"""Architecture facts read from a Hugging Face ``config.json`` (Llama, Qwen2, Mistral).
+
+Pure logic: no torch, so the control plane and the simulator can size a model from its
+directory without loading it. The executor builds its layers from :class:`ArchConfig`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shunter.engine.config import ModelSpec
+
+# model_type -> family; the three share one decoder layer and differ in the flags below.
+FAMILIES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2"}
+ROPE_TYPES = ("default", "linear", "llama3")
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """Rotary embedding: base ``theta`` and the scaling of its inverse frequencies.
+
+    ``rope_type`` "default" leaves them alone, "linear" divides them by ``factor``,
+    "llama3" rescales low and medium frequencies (Llama 3.1) using ``low_freq_factor``,
+    ``high_freq_factor`` and ``original_max_position_embeddings``.
+    """
+
+    theta: float
+    rope_type: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    def __post_init__(self) -> None:
+        if self.rope_type not in ROPE_TYPES:
+            raise ValueError(f"unsupported rope_type {self.rope_type!r}; supported: {ROPE_TYPES}")
+        if self.theta <= 0 or self.factor <= 0:
+            raise ValueError("rope theta and factor must be positive")
+        if self.rope_type == "llama3" and self.high_freq_factor <= self.low_freq_factor:
+            raise ValueError("llama3 rope needs high_freq_factor > low_freq_factor")
+
+
+@dataclass(frozen=True)
+class ArchConfig:
+    """One decoder-only model of the Llama family, as its ``config.json`` describes it.
+
+    ``qkv_bias`` is set for Qwen2 (and Llama with ``attention_bias``), ``o_bias`` only for
+    Llama with ``attention_bias``. ``sliding_window`` (Mistral) limits attention to the
+    last ``sliding_window`` positions, the query's own included; ``None`` means full.
+    """
+
+    family: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope: RopeConfig
+    max_position_embeddings: int
+    tie_embeddings: bool
+    qkv_bias: bool
+    o_bias: bool
+    sliding_window: int | None
+    dtype: str
+
+    def __post_init__(self) -> None:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+        if self.head_dim % 2:
+            raise ValueError("head_dim must be even for rotary embeddings")
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(f"unsupported dtype {self.dtype!r}; supported: {list(DTYPE_BYTES)}")
+
+    @classmethod
+    def from_hf(cls, config: dict[str, Any]) -> ArchConfig:
+        """Parse a Hugging Face config dict; raise ValueError for what we cannot run."""
+        model_type = config.get("model_type")
+        if model_type not in FAMILIES:
+            raise ValueError(f"unsupported model_type {model_type!r}; supported: {list(FAMILIES)}")
+        if config.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"unsupported hidden_act {config['hidden_act']!r}; need silu")
+        if config.get("mlp_bias", False):
+            raise ValueError("mlp_bias is not supported")
+        if model_type == "qwen2" and config.get("use_sliding_window", False):
+            raise ValueError("Qwen2 use_sliding_window is not supported")
+        num_heads = int(config["num_attention_heads"])
+        attention_bias = model_type != "qwen2" and bool(config.get("attention_bias", False))
+        sliding_window = config.get("sliding_window") if model_type == "mistral" else None
+        # transformers >= 5 writes "dtype", older versions "torch_dtype".
+        dtype = config.get("dtype") or config.get("torch_dtype") or "float32"
+        return cls(
+            family=FAMILIES[model_type],
+            vocab_size=int(config["vocab_size"]),
+            hidden_size=int(config["hidden_size"]),
+            intermediate_size=int(config["intermediate_size"]),
+            num_layers=int(config["num_hidden_layers"]),
+            num_heads=num_heads,
+            num_kv_heads=int(config.get("num_key_value_heads") or num_heads),
+            head_dim=int(config.get("head_dim") or config["hidden_size"] // num_heads),
+            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+            rope=rope_from_hf(config),
+            max_position_embeddings=int(config.get("max_position_embeddings", 4096)),
+            tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+            qkv_bias=model_type == "qwen2" or attention_bias,
+            o_bias=attention_bias,
+            sliding_window=None if sliding_window is None else int(sliding_window),
+            dtype=str(dtype),
+        )
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+
+def rope_from_hf(config: dict[str, Any]) -> RopeConfig:
+    """RoPE settings from either config format.
+
+    transformers >= 5 writes ``rope_parameters`` (theta inside); published checkpoints
+    carry ``rope_theta`` plus an optional ``rope_scaling`` dict.
+    """
+    params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
+    # Older configs name the type "type"; "default" and None both mean unscaled.
+    rope_type = params.get("rope_type") or params.get("type") or "default"
+    return RopeConfig(
+        theta=float(theta),
+        rope_type=str(rope_type),
+        factor=float(params.get("factor", 1.0)),
+        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+        original_max_position_embeddings=int(
+            params.get(
+                "original_max_position_embeddings", config.get("max_position_embeddings", 8192)
+            )
+        ),
+    )
+
+
+def read_config(model_dir: str | Path) -> dict[str, Any]:
+    """The ``config.json`` of a model directory as a dict."""
+    data: dict[str, Any] = json.loads((Path(model_dir) / "config.json").read_text())
+    return data
+
+
+def model_spec_from_config(
+    config: dict[str, Any], name: str, *, dtype: str | None = None
+) -> ModelSpec:
+    """The engine's ModelSpec of a Hugging Face config (sizes, dtype, context).
+
+    ``dtype`` is the dtype the model is served in when it differs from the checkpoint's.
+    """
+    arch = ArchConfig.from_hf(config)
+    dtype = dtype or arch.dtype
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"unsupported dtype {dtype!r}; supported: {list(DTYPE_BYTES)}")
+    return ModelSpec(
+        name=name,
+        num_layers=arch.num_layers,
+        num_heads=arch.num_heads,
+        num_kv_heads=arch.num_kv_heads,
+        head_dim=arch.head_dim,
+        hidden_size=arch.hidden_size,
+        intermediate_size=arch.intermediate_size,
+        vocab_size=arch.vocab_size,
+        dtype_bytes=DTYPE_BYTES[dtype],
+        tie_embeddings=arch.tie_embeddings,
+        max_context=arch.max_position_embeddings,
+    )

@@ -1,0 +1,85 @@
+"""The decoder of the Llama family (Llama, Qwen2, Mistral) over paged, block-first KV.
+
+Pre-norm layers: RMSNorm, attention with RoPE and GQA, residual; RMSNorm, SwiGLU MLP,
+residual. Qwen2 adds biases to q, k and v; Mistral may limit attention to a sliding
+window. Numerics follow the ``transformers`` implementations (norms in float32, cos/sin
+computed in float32), so the same weights give the same logits.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from shunter.engine.exec.batch import ForwardBatch
+from shunter.engine.exec.hf_config import ArchConfig
+from shunter.engine.exec.loader import LayerWeights, ModelWeights
+from shunter.engine.exec.rotary import RotaryEmbedding, apply_rotary
+from shunter.kernels.paged_attention import paged_attention, write_kv
+
+
+def kv_block_shape(arch: ArchConfig, block_tokens: int) -> tuple[int, ...]:
+    """One block-first KV block: ``[num_layers, k|v, block_tokens, kv_heads, head_dim]``."""
+    return (arch.num_layers, 2, block_tokens, arch.num_kv_heads, arch.head_dim)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm computed in float32, scaled by ``weight`` in the input's dtype."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+class Transformer:
+    """Forward passes of one model over its KV cache.
+
+    The cache is ``[num_blocks, *kv_block_shape(arch, block_tokens)]`` in the weights'
+    dtype; the caller owns it and the block tables that index it.
+    """
+
+    def __init__(self, arch: ArchConfig, weights: ModelWeights) -> None:
+        self.arch = arch
+        self.weights = weights
+        self.device = weights.embed.device
+        self.dtype = weights.embed.dtype
+        self.rotary = RotaryEmbedding(arch.rope, arch.head_dim, self.device)
+        self.scale = arch.head_dim**-0.5
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, kv_cache: torch.Tensor) -> torch.Tensor:
+        """Write the batch's KV into ``kv_cache`` and return float32 logits
+        ``[num_sampling_chunks, vocab_size]`` after each sampling chunk's last token."""
+        if kv_cache.dtype != self.dtype or kv_cache.shape[1:3] != (self.arch.num_layers, 2):
+            raise ValueError(f"kv_cache {tuple(kv_cache.shape)} {kv_cache.dtype} does not fit")
+        w = self.weights
+        hidden = F.embedding(batch.input_ids, w.embed)
+        cos, sin = self.rotary.cos_sin(batch.positions, self.dtype)
+        for index, layer in enumerate(w.layers):
+            hidden = self._layer(index, layer, hidden, cos, sin, batch, kv_cache)
+        last = rms_norm(hidden[batch.sample_index], w.final_norm, self.arch.rms_norm_eps)
+        return F.linear(last, w.lm_head).float()
+
+    def _layer(
+        self,
+        index: int,
+        layer: LayerWeights,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        batch: ForwardBatch,
+        kv_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        arch = self.arch
+        num_tokens = hidden.shape[0]
+        x = rms_norm(hidden, layer.input_norm, arch.rms_norm_eps)
+        qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+        q, k, v = torch.split(qkv, [arch.q_size, arch.kv_size, arch.kv_size], dim=-1)
+        q = apply_rotary(q.view(num_tokens, arch.num_heads, arch.head_dim), cos, sin)
+        k = apply_rotary(k.view(num_tokens, arch.num_kv_heads, arch.head_dim), cos, sin)
+        v = v.view(num_tokens, arch.num_kv_heads, arch.head_dim)
+        write_kv(kv_cache, index, k, v, batch.attention)
+        attn = paged_attention(q, kv_cache, index, batch.attention, self.scale)
+        hidden = hidden + F.linear(attn.view(num_tokens, arch.q_size), layer.o_proj, layer.o_bias)
+        x = rms_norm(hidden, layer.post_norm, arch.rms_norm_eps)
+        gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
+        return hidden + F.linear(F.silu(gate) * up, layer.down)
