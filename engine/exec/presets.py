@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+# Safetensors files are cut at about this size, as published checkpoints are.
+DEFAULT_SHARD_BYTES = 5 * 1024**3
+
 
 def _config(model_type: str, **fields: Any) -> dict[str, Any]:
     architecture = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral"}[model_type]
