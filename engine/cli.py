@@ -11,3 +11,6 @@ from typing import Any
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     """Add the engine's subcommands to the ``shunter`` parser."""
+    from shunter.engine.sim.cli import add_simulate_parser
+
+    add_simulate_parser(sub)

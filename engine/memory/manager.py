@@ -21,7 +21,7 @@ from shunter.engine.memory.pool import BlockPool
 from shunter.engine.memory.table import NO_BLOCK, Block, BlockTable
 from shunter.engine.memory.weights import place_weights
 from shunter.engine.plan import BlockCopy, BlockMove, StepPlan
-from shunter.engine.request import Request
+from shunter.engine.request import Request, RequestState
 
 
 class KVMemory:
@@ -33,7 +33,8 @@ class KVMemory:
       - ``swap_out``: RUNNING -> ROTARY. Copies to host only blocks without a valid
         (or landing) host copy; frees device blocks at once where a host copy exists,
         else when the copy completes.
-      - ``swap_in``: ROTARY -> RUNNING: fresh device blocks, one H2D copy per block.
+      - ``swap_in``: ROTARY -> RUNNING: device blocks for all its tokens, one H2D copy
+        per block with KV.
       - ``free``: forget the request's KV on both tiers (finished, aborted, or
         preempted to recompute).
       - ``rotate``: eager rotation of SYNCED blocks (budgeted, above the watermark).
@@ -77,11 +78,11 @@ class KVMemory:
         return {model: pool.num_used for model, pool in self._pools.items()}
 
     def blk(self, request: Request) -> int:
-        """Blocks the request holds on the device (RUNNING) or needs there (otherwise)."""
-        table = self._tables.get(request.id)
-        if table is None:
-            return -(-request.num_tokens // self.block_tokens)
-        return len(table.blocks)
+        """Blocks the request holds on the device (RUNNING) or needs there to run: one
+        per block of all its known tokens (otherwise)."""
+        if request.state is RequestState.RUNNING:
+            return len(self._tables[request.id].blocks)
+        return -(-request.num_tokens // self.block_tokens)
 
     def block_ids(self, request_id: str) -> list[int]:
         """Device block ids of a RUNNING request, in token order (for executors)."""
@@ -167,23 +168,24 @@ class KVMemory:
 
     def can_swap_in(self, request: Request) -> bool:
         pool = self._pools[request.model]
-        return self.has_landed(request) and pool.can_allocate(len(self._tables[request.id]))
+        return self.has_landed(request) and pool.can_allocate(self.blk(request))
 
     def swap_in(self, request: Request) -> None:
+        """Device blocks for all the request's tokens; H2D copies for those with KV."""
         if not self.has_landed(request):
             raise RuntimeError(f"request {request.id!r}: its host copies have not landed")
         table = self._tables[request.id]
         model, plan = table.model, self._current()
         copies = plan.swap_in.setdefault(model, [])
         owners = self._owners[model]
-        for block, device in zip(
-            table.blocks, self._pools[model].allocate(len(table)), strict=True
-        ):
+        devices = self._pools[model].allocate(self.blk(request))
+        for block, device in zip(table.blocks, devices, strict=False):
             block.device = device
             owners[device] = block
             copies.append(BlockCopy(device, block.host))
             self._inflight.fence(block, plan.step)
         table.on_device = True
+        self._extend(table, devices[len(table) :])
 
     def free(self, request: Request) -> None:
         table = self._tables.pop(request.id, None)
@@ -307,8 +309,11 @@ class KVMemory:
 
     # -- internals -------------------------------------------------------------------------
     def _grow(self, table: BlockTable, n: int) -> None:
+        self._extend(table, self._pools[table.model].allocate(n))
+
+    def _extend(self, table: BlockTable, devices: list[int]) -> None:
         owners = self._owners[table.model]
-        for device in self._pools[table.model].allocate(n):
+        for device in devices:
             block = Block(device)
             owners[device] = block
             table.blocks.append(block)

@@ -9,7 +9,7 @@ class FcfsPolicy(Policy):
     """Waiting and rotary requests in arrival order, while their blocks fit.
 
     Nothing is preempted proactively: running requests lose their KV only when a
-    decode needs a block and none is free (the latest arrival goes first). A preempted
+    decode needs a block and none is free (passive preemption). A preempted
     request keeps its arrival time, so it usually resumes before newer requests start.
     """
 

@@ -17,7 +17,7 @@ class LvfPolicy(Policy):
     3. Prioritize: with ``left = free + B_xfer``, take non-running requests with
        VLT >= 0 from the head whose blocks fit in ``left``.
     4. Preempt: ``need = B_xfer - left``; from the tail, preempt running requests with
-       VLT < 0 until ``need`` blocks are freed.
+       VLT < 0 (whose KV host memory can take) until ``need`` blocks are freed.
 
     Running requests have VLT <= 0 and the others VLT >= 0, so the sorted list is the
     non-running requests by VLT followed by the running ones by VLT; sorting the two
@@ -50,13 +50,10 @@ class LvfPolicy(Policy):
         for r in _tail_first(state.running, now):
             if need <= 0:
                 break
-            decision.preempt.append(r)
-            need -= blk(r)
+            if state.can_rotate(r):
+                decision.preempt.append(r)
+                need -= blk(r)
         return decision
-
-    def victim(self, running: Sequence[Request], now: float) -> Request:
-        """The running request with the smallest VLT: the one running longest."""
-        return min(running, key=_run_start)
 
 
 def _run_start(r: Request) -> float:

@@ -22,6 +22,8 @@ class PolicyInput:
     arrival order; ``rotary`` lists ROTARY requests whose host copies have landed (the
     others cannot be swapped in yet), in preemption order. ``blk(r)`` is the number of
     device blocks r holds (RUNNING) or needs (otherwise). ``xfer_budget`` is B_xfer.
+    ``can_rotate(r)`` says whether host swap space can take a running request's KV: a
+    policy preempts only those proactively.
     """
 
     model: str
@@ -32,6 +34,7 @@ class PolicyInput:
     num_free_blocks: int
     xfer_budget: int
     blk: Callable[[Request], int]
+    can_rotate: Callable[[Request], bool]
 
 
 @dataclass
@@ -44,21 +47,14 @@ class Decision:
 
 
 class Policy(ABC):
-    """A scheduling policy.
-
-    ``schedule`` decides proactive preemption and admission for one model and one
-    step. ``victim`` picks whom to preempt when a running request cannot get a block
-    for its next token (passive preemption, common to every policy); the default is
-    vLLM's: the latest arrival.
-    """
+    """A scheduling policy: ``schedule`` decides proactive preemption and admission
+    for one model and one step. (Passive preemption, when a decode finds no free block,
+    is the Scheduler's and the same for every policy.)"""
 
     name: str
 
     @abstractmethod
     def schedule(self, state: PolicyInput) -> Decision: ...
-
-    def victim(self, running: Sequence[Request], now: float) -> Request:
-        return max(running, key=lambda r: r.t_arr)
 
 
 def by_arrival(*groups: Sequence[Request]) -> list[Request]:

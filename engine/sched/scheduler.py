@@ -22,7 +22,7 @@ class Scheduler:
 
     Step order (``schedule``):
       1. Decode first: each running request in decode gets a block for its next token;
-         when none is free the policy's victim is preempted (passive preemption).
+         when none is free the latest arrival is preempted (passive preemption).
       2. For each model, the policy's decision: preemptions are applied now.
       3. Batch: decodes, then prefill chunks of running requests, within
          ``max_batch_tokens``.
@@ -87,7 +87,7 @@ class Scheduler:
                 r.t_run = now
         self._joining = []
         self.memory.begin_step(plan)
-        decodes = [r for q in self.queues.values() for r in self._reserve_decodes(q, plan, now)]
+        decodes = [r for q in self.queues.values() for r in self._reserve_decodes(q, plan)]
         decisions = {model: self._decide(model, q, plan, now) for model, q in self.queues.items()}
 
         tokens = self.config.max_batch_tokens
@@ -133,13 +133,14 @@ class Scheduler:
         return finished
 
     # -- parts ---------------------------------------------------------------------------
-    def _reserve_decodes(self, q: RequestQueues, plan: StepPlan, now: float) -> list[Request]:
+    def _reserve_decodes(self, q: RequestQueues, plan: StepPlan) -> list[Request]:
         reserved = []
         for r in list(q.running.values()):
             if r.state is not RUNNING or r.is_prefill:
                 continue
             while not self.memory.can_append(r, 1):
-                victim = self.policy.victim(list(q.running.values()), now)
+                # vLLM's passive preemption: the latest arrival makes room.
+                victim = max(q.running.values(), key=lambda v: v.t_arr)
                 self._preempt(victim, q, plan)
                 if victim is r:
                     break
@@ -159,6 +160,7 @@ class Scheduler:
             num_free_blocks=self.memory.num_free_blocks(model),
             xfer_budget=max(0, self.config.xfer_budget_blocks - moved),
             blk=self.memory.blk,
+            can_rotate=self.memory.can_swap_out,
         )
         decision = self.policy.schedule(state)
         for r in decision.preempt:

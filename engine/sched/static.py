@@ -18,7 +18,7 @@ class WaitingFirstPolicy(Policy):
 
     def schedule(self, state: PolicyInput) -> Decision:
         free, budget, blk = state.num_free_blocks, state.xfer_budget, state.blk
-        victims = sorted(state.running, key=lambda r: r.t_arr)
+        victims = sorted(filter(state.can_rotate, state.running), key=lambda r: r.t_arr)
         decision = Decision()
         for r in state.waiting:
             need = blk(r)
