@@ -12,7 +12,8 @@ from collections import deque
 from shunter.engine.config import EngineConfig, ModelSpec, RotationConfig, SchedulerConfig, SloSpec
 from shunter.engine.core import EngineCore
 from shunter.engine.interfaces import Clock, Executor, Transfers
-from shunter.engine.plan import StepPlan, StepResult
+from shunter.engine.memory.manager import KVMemory
+from shunter.engine.plan import BlockCopy, StepPlan, StepResult
 from shunter.engine.request import Request
 
 SLO = SloSpec("default", ttft_s=5.0, tbt_s=0.1)
@@ -75,23 +76,68 @@ class StepClock(Clock):
         return self.t
 
 
+Tag = tuple[str, int]  # (request id, token position) whose KV a slot holds
+
+
+class Contents:
+    """What every device and host block holds, token slot by token slot.
+
+    The fake executor writes a tag per computed token and checks, before each step,
+    that every token a batch entry attends to is where its block table says; the fake
+    transfers copy tags. A block overwritten while a copy still reads it, a stale host
+    copy, or a wrong block table then shows up as a wrong tag.
+    """
+
+    def __init__(self, block_tokens: int) -> None:
+        self.block_tokens = block_tokens
+        self.device: dict[tuple[str, int], list[Tag | None]] = {}
+        self.host: dict[tuple[str, int], list[Tag | None]] = {}
+
+    def empty(self) -> list[Tag | None]:
+        return [None] * self.block_tokens
+
+
 class FakeExecutor(Executor):
-    """Emits token ``step`` for every sampling entry and advances the clock by ``dt``."""
+    """Emits token ``step`` for every sampling entry and advances the clock by ``dt``.
+
+    With ``contents`` and ``memory`` set it also plays the device: it performs the
+    plan's moves, checks the KV each entry reads, and writes the KV it computes.
+    """
 
     def __init__(self, clock: StepClock, dt: float = 0.01) -> None:
         self.clock = clock
         self.dt = dt
         self.plans: list[StepPlan] = []
-        self._joining: set[str] = set()
+        self.contents: Contents | None = None
+        self.memory: KVMemory | None = None
 
     def execute(self, plan: StepPlan) -> StepResult:
         in_batch = {e.request_id for e in plan.batch}
         assert len(in_batch) == len(plan.batch), "a request twice in one batch"
         assert not in_batch & set(plan.swapped_in), "swapped in and in the batch in one step"
+        if self.contents is not None and self.memory is not None:
+            self._play(plan, self.contents, self.memory)
         self.plans.append(plan)
         self.clock.t += self.dt
         emitted: dict[str, int | None] = {e.request_id: plan.step for e in plan.batch if e.samples}
         return StepResult(duration_s=self.dt, emitted=emitted)
+
+    @staticmethod
+    def _play(plan: StepPlan, contents: Contents, memory: KVMemory) -> None:
+        bt = contents.block_tokens
+        for model, moves in plan.moves.items():
+            for move in moves:
+                contents.device[model, move.dst] = list(contents.device[model, move.src])
+        for e in plan.batch:
+            table = memory.block_ids(e.request_id)
+            for pos in range(e.num_computed_tokens):
+                held = contents.device.get((e.model, table[pos // bt]), contents.empty())
+                assert held[pos % bt] == (e.request_id, pos), (
+                    f"step {plan.step}: {e.request_id} token {pos} reads {held[pos % bt]}"
+                )
+            for pos in range(e.num_computed_tokens, e.num_computed_tokens + e.num_tokens):
+                block = contents.device.setdefault((e.model, table[pos // bt]), contents.empty())
+                block[pos % bt] = (e.request_id, pos)
 
 
 class FakeTransfers(Transfers):
@@ -99,40 +145,58 @@ class FakeTransfers(Transfers):
 
     Asserts DuplexKV's race rule: no H2D destination is the source of a D2H copy that
     has not completed (this step's or an earlier one's), and no block is copied twice in
-    one direction in one step.
+    one direction in one step. With ``contents`` set it moves tags: H2D copies happen
+    at submission (the earliest moment), D2H copies at completion (the latest), so a
+    block reused too early is caught.
     """
 
     def __init__(self, delay: int = 1) -> None:
         self.delay = delay
-        self.queue: deque[tuple[int, int, set[tuple[str, int]]]] = deque()
+        self.queue: deque[tuple[int, int, list[tuple[str, BlockCopy]]]] = deque()
         self.polls = 0
         self.submitted: list[int] = []
+        self.contents: Contents | None = None
 
     def pending_d2h(self) -> set[tuple[str, int]]:
-        return {src for _, _, srcs in self.queue for src in srcs}
+        return {(m, c.device_block) for _, _, copies in self.queue for m, c in copies}
 
     def submit(self, plan: StepPlan) -> None:
         assert not self.submitted or plan.step > self.submitted[-1]
         self.submitted.append(plan.step)
-        d2h = {(m, c.device_block) for m in {*plan.swap_out, *plan.rotate} for c in plan.d2h(m)}
-        assert len(d2h) == plan.num_d2h_blocks, "a block copied twice to host in one step"
+        d2h = [(m, c) for m in {*plan.swap_out, *plan.rotate} for c in plan.d2h(m)]
+        sources = {(m, c.device_block) for m, c in d2h}
+        assert len(sources) == len(d2h), "a block copied twice to host in one step"
         h2d = {(m, c.device_block) for m, cs in plan.swap_in.items() for c in cs}
         assert len(h2d) == plan.num_h2d_blocks, "two H2D copies into one block"
-        clash = h2d & (d2h | self.pending_d2h())
+        clash = h2d & (sources | self.pending_d2h())
         assert not clash, f"step {plan.step}: H2D into blocks with pending D2H: {clash}"
+        if self.contents is not None:
+            for m, cs in plan.swap_in.items():
+                for c in cs:
+                    held = self.contents.host[m, c.host_block]
+                    self.contents.device[m, c.device_block] = list(held)
         self.queue.append((self.polls + self.delay, plan.step, d2h))
 
     def poll(self, now: float) -> list[int]:
         self.polls += 1
         done = []
         while self.queue and self.queue[0][0] <= self.polls:
-            done.append(self.queue.popleft()[1])
+            _, step, d2h = self.queue.popleft()
+            if self.contents is not None:
+                for m, c in d2h:
+                    held = self.contents.device.get((m, c.device_block), self.contents.empty())
+                    self.contents.host[m, c.host_block] = list(held)
+            done.append(step)
         return done
 
 
 def make_core(config: EngineConfig, *, delay: int = 1) -> tuple[EngineCore, StepClock]:
+    """An EngineCore over the fakes, with block contents tracked and checked."""
     clock = StepClock()
-    core = EngineCore(config, FakeExecutor(clock), FakeTransfers(delay), clock)
+    executor, transfers = FakeExecutor(clock), FakeTransfers(delay)
+    core = EngineCore(config, executor, transfers, clock)
+    executor.contents = transfers.contents = Contents(config.block_tokens)
+    executor.memory = core.memory
     return core, clock
 
 

@@ -17,6 +17,7 @@ class Book:
     def __init__(self) -> None:
         self.blocks: dict[str, int] = {}
         self.requests: dict[str, Request] = {}
+        self.pinned: set[str] = set()  # running requests the host cannot take
 
     def add(
         self,
@@ -51,6 +52,7 @@ class Book:
             num_free_blocks=free,
             xfer_budget=xfer,
             blk=self.blk,
+            can_rotate=lambda r: r.id not in self.pinned,
         )
 
 

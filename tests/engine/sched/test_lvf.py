@@ -183,8 +183,11 @@ def test_fig9_four_requests_hbm_holds_two() -> None:
     assert ids(decision.preempt) == ["C"]
 
 
-def test_lvf_victim_is_the_longest_running() -> None:
+def test_lvf_preempts_only_requests_whose_kv_host_memory_can_take() -> None:
     book = Book()
-    book.add("new", R, t_run=5.0)
-    old = book.add("old", R, t_run=1.0)
-    assert LvfPolicy().victim(book.of(R), now=6.0) is old
+    book.add("w", W, 2, t_arr=0.0)
+    book.add("oldest", R, 2, t_run=0.0)
+    book.add("newer", R, 2, t_run=5.0)
+    book.pinned.add("oldest")
+    decision = LvfPolicy().schedule(book.state(now=10.0, free=0, xfer=2))
+    assert ids(decision.preempt) == ["newer"]

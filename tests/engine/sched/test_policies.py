@@ -35,11 +35,6 @@ def test_fcfs_admits_by_arrival_and_stops_at_the_first_that_does_not_fit() -> No
     assert decision.admit == []
 
 
-def test_fcfs_passive_victim_is_the_latest_arrival() -> None:
-    book = book_with_backlog()
-    assert FcfsPolicy().victim(book.of(R), now=10.0).id == "run_new"
-
-
 def test_waiting_first_preempts_latest_arrivals_for_new_requests() -> None:
     decision = WaitingFirstPolicy().schedule(book_with_backlog().state(now=10.0, free=1, xfer=99))
     assert ids(decision.admit) == ["w_a", "w_b"]
@@ -49,6 +44,14 @@ def test_waiting_first_preempts_latest_arrivals_for_new_requests() -> None:
     decision = WaitingFirstPolicy().schedule(book_with_backlog().state(now=10.0, free=6, xfer=99))
     assert ids(decision.admit) == ["w_a", "w_b", "rot"]
     assert decision.preempt == []
+
+
+def test_waiting_first_skips_running_requests_the_host_cannot_take() -> None:
+    book = book_with_backlog()
+    book.pinned.add("run_new")
+    decision = WaitingFirstPolicy().schedule(book.state(now=10.0, free=1, xfer=99))
+    assert ids(decision.preempt) == ["run_old"]
+    assert ids(decision.admit) == ["w_a"]
 
 
 def test_waiting_first_preemption_is_bounded_by_the_transfer_budget() -> None:

@@ -1,0 +1,230 @@
+"""EngineCore end to end with a fake executor and transfer engine.
+
+The fakes assert the contracts on every step (no H2D into a block with a pending
+D2H, swapped-in requests join the next batch only); the engine runs its memory
+integrity check after every step (``check_integrity=True`` in ``tiny_config``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+from shunter.engine.config import RotationConfig
+from shunter.engine.core import EngineCore, StepStats
+from shunter.engine.request import Request, RequestState
+from tests.engine.fakes import FakeExecutor, StepClock, make_core, request, tiny_config
+
+POLICIES = ["fcfs", "wf", "sf", "lvf"]
+
+
+@dataclass
+class Run:
+    core: EngineCore
+    requests: list[Request]
+    stats: list[StepStats]
+
+
+def run(
+    core: EngineCore,
+    clock: StepClock,
+    arrivals: list[tuple[int, Request]],
+    *,
+    aborts: dict[int, str] | None = None,
+    max_steps: int = 1500,
+) -> Run:
+    """Step until every request arrived and finished and no copy is in flight."""
+    pending = sorted(arrivals, key=lambda a: a[0])
+    stats: list[StepStats] = []
+    step = 0
+    while pending or not core.is_idle():
+        assert step < max_steps, f"no progress after {max_steps} steps"
+        while pending and pending[0][0] <= step:
+            r = pending.pop(0)[1]
+            r.t_arr = clock.now()
+            core.add_request(r)
+        if aborts and step in aborts:
+            core.abort(aborts[step])
+        s = core.step()
+        cfg = core.config.scheduler
+        assert s.num_batch_tokens <= cfg.max_batch_tokens
+        assert s.num_running <= cfg.max_running
+        plan = core.executor.plans[-1]  # type: ignore[attr-defined]
+        kinds = [e.is_prefill for e in plan.batch if e.num_tokens == 1 and not e.is_prefill]
+        assert plan.batch[: len(kinds)] == [e for e in plan.batch if not e.is_prefill]
+        stats.append(s)
+        step += 1
+    return Run(core, [r for _, r in arrivals], stats)
+
+
+# Up to 32 tokens per request: 8 blocks of 4, what the smallest device holds.
+workloads = st.lists(
+    st.tuples(
+        st.integers(0, 20),  # arrival step
+        st.integers(1, 14),  # prompt tokens
+        st.integers(1, 18),  # output tokens
+    ),
+    min_size=1,
+    max_size=24,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    workload=workloads,
+    policy=st.sampled_from(POLICIES),
+    kv_blocks=st.integers(8, 24),
+    host_blocks=st.sampled_from([4, 16, 10_000]),
+    xfer=st.integers(0, 16),
+    max_batch_tokens=st.integers(4, 48),
+    max_running=st.integers(1, 16),
+    delay=st.integers(0, 3),
+    eager=st.booleans(),
+    watermark=st.sampled_from([0.0, 0.5, 0.9]),
+)
+def test_every_request_finishes_with_its_tokens_and_memory_stays_consistent(
+    workload: list[tuple[int, int, int]],
+    policy: str,
+    kv_blocks: int,
+    host_blocks: int,
+    xfer: int,
+    max_batch_tokens: int,
+    max_running: int,
+    delay: int,
+    eager: bool,
+    watermark: float,
+) -> None:
+    config = tiny_config(
+        kv_blocks=kv_blocks,
+        host_blocks=host_blocks,
+        policy=policy,
+        xfer_budget=xfer,
+        max_batch_tokens=max_batch_tokens,
+        max_running=max_running,
+        rotation=RotationConfig(eager=eager, budget_blocks=4, watermark=watermark),
+    )
+    core, clock = make_core(config, delay=delay)
+    arrivals = [(t, request(f"r{i}", p, o)) for i, (t, p, o) in enumerate(workload)]
+    result = run(core, clock, arrivals)
+    for r in result.requests:
+        assert r.state is RequestState.FINISHED
+        assert r.num_output_tokens == r.max_output_tokens
+        assert len(r.token_times) == r.max_output_tokens
+        assert r.token_times == sorted(r.token_times)
+        assert r.t_first_token is not None and r.t_first_token > r.t_arr
+    assert sum(s.num_emitted for s in result.stats) == sum(o for _, _, o in workload)
+    for what in ("num_preempted", "num_swapped_in", "rotated_blocks"):
+        event(f"{what} > 0: {any(getattr(s, what) for s in result.stats)}")
+    assert core.memory.blocks_used() == {"tiny": 0}
+    assert core.memory.host.used_bytes == 0
+    core.check_integrity()
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    workload=workloads,
+    policy=st.sampled_from(POLICIES),
+    abort_at=st.lists(st.tuples(st.integers(0, 60), st.integers(0, 23)), max_size=8),
+    delay=st.integers(0, 2),
+)
+def test_aborts_leak_nothing(
+    workload: list[tuple[int, int, int]],
+    policy: str,
+    abort_at: list[tuple[int, int]],
+    delay: int,
+) -> None:
+    config = tiny_config(
+        kv_blocks=10,
+        host_blocks=12,
+        policy=policy,
+        xfer_budget=6,
+        rotation=RotationConfig(budget_blocks=2, watermark=0.3),
+    )
+    core, clock = make_core(config, delay=delay)
+    arrivals = [(t, request(f"r{i}", p, o)) for i, (t, p, o) in enumerate(workload)]
+    aborts = {step: f"r{i}" for step, i in abort_at}
+    result = run(core, clock, arrivals, aborts=aborts)
+    for r in result.requests:
+        assert r.state is RequestState.FINISHED
+        assert r.aborted or r.num_output_tokens == r.max_output_tokens
+    assert core.memory.blocks_used() == {"tiny": 0}
+    assert core.memory.host.used_bytes == 0
+    assert core.abort("r0") is None
+
+
+def test_no_transfers_when_memory_never_runs_out() -> None:
+    for policy in POLICIES:
+        core, clock = make_core(tiny_config(kv_blocks=200, policy=policy))
+        arrivals = [(i, request(f"r{i}", 5 + i, 7)) for i in range(12)]
+        result = run(core, clock, arrivals)
+        assert sum(s.d2h_bytes + s.h2d_bytes for s in result.stats) == 0
+        assert sum(s.num_preempted for s in result.stats) == 0
+
+
+def test_chunked_prefill_under_the_token_budget_decodes_first() -> None:
+    core, clock = make_core(tiny_config(kv_blocks=40, max_batch_tokens=16))
+    core.add_request(request("short", 3, 6))
+    core.step()  # short prefills (3 tokens) and samples its first token
+    core.add_request(request("long", 50, 2, t_arr=clock.now()))
+    chunks = []
+    for _ in range(4):
+        core.step()
+        plan = core.executor.plans[-1]  # type: ignore[attr-defined]
+        assert plan.batch[0].request_id == "short" and not plan.batch[0].is_prefill
+        chunks.append([(e.num_tokens, e.samples) for e in plan.batch[1:]])
+    assert chunks == [[(15, False)], [(15, False)], [(15, False)], [(5, True)]]
+
+
+def test_swapped_in_requests_join_the_batch_at_the_next_step() -> None:
+    # Four requests, device memory for about two: LVF rotates them (Fig. 9).
+    core, clock = make_core(tiny_config(kv_blocks=12, policy="lvf", xfer_budget=4), delay=0)
+    arrivals = [(0, request(f"r{i}", 8, 12)) for i in range(4)]
+    result = run(core, clock, arrivals)
+    plans = core.executor.plans  # type: ignore[attr-defined]
+    joined = 0
+    for plan, following in itertools.pairwise(plans):
+        for rid in plan.swapped_in:
+            assert rid not in {e.request_id for e in plan.batch}
+            if rid not in following.preempted:
+                joined += rid in {e.request_id for e in following.batch}
+    assert joined > 0
+    assert sum(s.num_swapped_in for s in result.stats) > 0
+    assert all(r.num_output_tokens == 12 for r in result.requests)
+
+
+def test_lvf_serves_waiting_requests_sooner_than_fcfs_under_pressure() -> None:
+    """Long-running requests fill memory; LVF rotates them out for the backlog."""
+    ttft = {}
+    for policy in ("fcfs", "lvf"):
+        core, clock = make_core(tiny_config(kv_blocks=24, policy=policy, xfer_budget=8))
+        arrivals = [(0, request(f"long{i}", 8, 40)) for i in range(4)]
+        arrivals += [(30 + i, request(f"short{i}", 4, 2)) for i in range(6)]
+        result = run(core, clock, arrivals)
+        shorts = [r for r in result.requests if r.id.startswith("short")]
+        ttft[policy] = max(r.ttft or 0.0 for r in shorts)
+    assert ttft["lvf"] < ttft["fcfs"]
+
+
+def test_add_request_rejects_what_can_never_fit() -> None:
+    core, _ = make_core(tiny_config(kv_blocks=8))
+    core.add_request(request("ok", 20, 12))
+    for bad in (request("ok", 1, 1), request("huge", 30, 10), request("x", 1, 1, model="nope")):
+        try:
+            core.add_request(bad)
+        except ValueError:
+            continue
+        raise AssertionError(f"{bad.id} was accepted")
+
+
+def test_fake_executor_clock_moves() -> None:
+    clock = StepClock()
+    ex = FakeExecutor(clock, dt=0.5)
+    core = EngineCore(
+        tiny_config(kv_blocks=8), ex, make_core(tiny_config(kv_blocks=8))[0].transfers, clock
+    )
+    core.add_request(request("a", 2, 2))
+    s = core.step()
+    assert (s.t_start, s.t_end) == (0.0, 0.5)
