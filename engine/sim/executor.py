@@ -59,7 +59,7 @@ class SimulatedExecutor(Executor):
             ready = self._ready_at.pop(entry.request_id, None)
             if ready is not None:
                 start = max(start, ready)
-        h2d_done = self._transfers.h2d_done_at(plan.step)
+        h2d_done = self._transfers.pop_h2d_done(plan.step)
         if h2d_done is not None:
             # These join the batch at the next step, once their blocks have landed.
             for request_id in plan.swapped_in:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import heapq
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -28,8 +28,9 @@ class SimulatedTransfers(Transfers):
 
     A step's two batches start together when submitted, or when the previous step's
     batches are done if those are still running (each stream is FIFO); their completion
-    times come from ``CopyCostModel.duplex_times``. ``h2d_done_at(step)`` tells the
-    simulated executor when a step's swap-ins have landed.
+    times come from ``CopyCostModel.duplex_times``. A step without copies completes with
+    the steps before it, so steps complete in increasing order. ``pop_h2d_done(step)``
+    tells the simulated executor when a step's swap-ins have landed.
     """
 
     def __init__(
@@ -41,7 +42,7 @@ class SimulatedTransfers(Transfers):
         self._clock = clock
         self._copies = copies
         self._block_bytes = dict(block_bytes)
-        self._pending: list[tuple[float, int]] = []  # (completion time, step)
+        self._pending: deque[tuple[float, int]] = deque()  # (completion time, step)
         self._h2d_done: dict[int, float] = {}
         self._free_at = 0.0
         self.totals = TransferTotals()
@@ -58,8 +59,7 @@ class SimulatedTransfers(Transfers):
         d2h, h2d = self._batch(d2h_copies), self._batch(plan.swap_in)
         start = max(now, self._free_at)
         if d2h.is_empty and h2d.is_empty:
-            start = now
-            done = h2d_done = now
+            done = h2d_done = start
         else:
             d2h_s, h2d_s = self._copies.duplex_times(d2h, h2d)
             done, h2d_done = start + max(d2h_s, h2d_s), start + h2d_s
@@ -71,17 +71,18 @@ class SimulatedTransfers(Transfers):
         self.totals.h2d_bytes += h2d.total_bytes
         if not h2d.is_empty:
             self._h2d_done[plan.step] = h2d_done
-        heapq.heappush(self._pending, (done, plan.step))
+        self._pending.append((done, plan.step))
 
     def poll(self, now: float) -> list[int]:
         done: list[int] = []
         while self._pending and self._pending[0][0] <= now:
-            done.append(heapq.heappop(self._pending)[1])
-        return sorted(done)
+            done.append(self._pending.popleft()[1])
+        return done
 
-    def h2d_done_at(self, step: int) -> float | None:
-        """When step ``step``'s swap-ins completed (or will); None if it had none."""
-        return self._h2d_done.get(step)
+    def pop_h2d_done(self, step: int) -> float | None:
+        """When step ``step``'s swap-ins complete, asked once (the executor does, when
+        it runs that step); None if it had none."""
+        return self._h2d_done.pop(step, None)
 
     def next_completion(self) -> float | None:
         """The earliest completion time not yet reported by ``poll``, if any."""

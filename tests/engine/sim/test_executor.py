@@ -69,11 +69,14 @@ def test_transfers_complete_in_duplex_time_and_are_polled_in_order() -> None:
     d2h_s, h2d_s = CopyCostModel(gh200).duplex_times(
         CopyBatch(((100, BLOCK),)), CopyBatch(((50, BLOCK),))
     )
-    assert transfers.h2d_done_at(0) == pytest.approx(h2d_s)
+    assert transfers.pop_h2d_done(0) == pytest.approx(h2d_s)
+    assert transfers.pop_h2d_done(0) is None
     assert transfers.poll(0.0) == []
-    transfers.submit(StepPlan(step=1))  # no copies: done at once
-    assert transfers.poll(0.0) == [1]
-    assert transfers.poll(max(d2h_s, h2d_s)) == [0]
+    transfers.submit(StepPlan(step=1))  # no copies, but completes after step 0
+    assert transfers.poll(0.0) == []
+    assert transfers.poll(max(d2h_s, h2d_s)) == [0, 1]
+    transfers.submit(StepPlan(step=2))  # nothing in flight: done at once
+    assert transfers.poll(max(d2h_s, h2d_s)) == [2]
     assert transfers.totals.d2h_bytes == 100 * BLOCK
     assert transfers.totals.h2d_blocks == 50
 
@@ -83,7 +86,7 @@ def test_back_to_back_batches_queue_behind_each_other() -> None:
     one = CopyCostModel(gh200).one_way_time(CopyBatch(((200, BLOCK),)))
     transfers.submit(StepPlan(step=0, rotate={QWEN.name: copies(200)}))
     transfers.submit(StepPlan(step=1, swap_in={QWEN.name: copies(200)}))
-    assert transfers.h2d_done_at(1) == pytest.approx(2 * one)
+    assert transfers.pop_h2d_done(1) == pytest.approx(2 * one)
     assert transfers.poll(1.5 * one) == [0]
     assert transfers.poll(2 * one) == [1]
 
@@ -94,8 +97,8 @@ def test_swapped_in_request_waits_for_its_h2d_copy() -> None:
         step=0, swapped_in=["r"], swap_in={QWEN.name: copies(2000)}, batch=[decode("a")]
     )
     transfers.submit(plan0)
+    landed = CopyCostModel(gh200).one_way_time(CopyBatch(((2000, BLOCK),)))
     executor.execute(plan0)
-    landed = transfers.h2d_done_at(0)
     assert landed is not None and landed > clock.now()  # the copy outlasts the decode
     t_called = clock.now()
     result = executor.execute(StepPlan(step=1, batch=[decode("a"), decode("r")]))

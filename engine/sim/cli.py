@@ -1,0 +1,137 @@
+"""``shunter simulate`` and ``shunter bench simulator``.
+
+Only argparse at import time: the simulator loads when a command runs, so
+``shunter --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from shunter.engine.config import SchedulerConfig
+
+DEFAULTS = SchedulerConfig()
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected numbers separated by commas: {text!r}"
+        ) from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive numbers: {text!r}")
+    return values
+
+
+def _names(text: str) -> list[str]:
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
+def add_simulate_parser(sub: argparse._SubParsersAction[Any]) -> None:
+    """Add ``simulate``: policies x request rates on a simulated GPU."""
+    p = sub.add_parser(
+        "simulate",
+        help="run the engine core on simulated hardware (results are SIMULATED)",
+        description="Run the real scheduler and memory manager on a virtual clock with a "
+        "roofline cost model of public hardware and model facts, for each policy and "
+        "request rate, and print SLO attainment and latency. Every figure is SIMULATED.",
+    )
+    p.add_argument("--model", default="qwen2.5-32b", help="catalog model (default qwen2.5-32b)")
+    p.add_argument(
+        "--hardware", default="gh200", help="gh200, gh200-96g, h200, h100 or a profile JSON"
+    )
+    p.add_argument("--policy", type=_names, default=["lvf", "fcfs", "wf", "sf"], help="comma list")
+    p.add_argument(
+        "--rps", type=_floats, default=[4.0, 8.0, 12.0, 16.0, 20.0], help="comma list, req/s"
+    )
+    p.add_argument("--duration", type=float, default=120.0, help="seconds of arrivals")
+    p.add_argument("--ttft-slo", type=float, default=5.0, help="S_F, seconds (default 5)")
+    p.add_argument("--tbt-slo", type=float, default=0.1, help="S_B, seconds (default 0.1)")
+    p.add_argument("--alpha", type=float, default=3.0, help="VLT alpha (default 3)")
+    p.add_argument("--beta-b", type=float, default=0.0, help="VLT beta_B (default 0)")
+    p.add_argument("--beta-f", type=float, default=0.5, help="VLT beta_F (default 0.5)")
+    p.add_argument(
+        "--xfer-budget",
+        type=int,
+        default=DEFAULTS.xfer_budget_blocks,
+        help=f"B_xfer, blocks per step (default {DEFAULTS.xfer_budget_blocks})",
+    )
+    p.add_argument(
+        "--swap-bandwidth-scale",
+        type=float,
+        default=1.0,
+        help="scale every host<->device bandwidth (0.05: a slow transfer engine)",
+    )
+    p.add_argument(
+        "--max-running",
+        type=int,
+        default=DEFAULTS.max_running,
+        help=f"cap on running requests (default {DEFAULTS.max_running})",
+    )
+    p.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=DEFAULTS.max_batch_tokens,
+        help=f"tokens per step (default {DEFAULTS.max_batch_tokens})",
+    )
+    p.add_argument(
+        "--cv", type=float, default=1.0, help="arrival burstiness: gamma CV (1 = Poisson)"
+    )
+    p.add_argument(
+        "--sharegpt",
+        metavar="FILE",
+        help="draw lengths from a ShareGPT JSON file instead of the synthetic distribution",
+    )
+    p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    p.add_argument("--json", metavar="OUT", help="write results as JSON")
+    p.add_argument("--plot", metavar="OUT", help="write attainment vs rate as HTML")
+    p.set_defaults(func=cmd_simulate)
+
+
+def cmd_simulate(ns: argparse.Namespace) -> int:
+    from shunter.engine.sim.sweep import SweepSpec, run_sweep
+
+    spec = SweepSpec(
+        model=ns.model,
+        hardware=ns.hardware,
+        policies=tuple(ns.policy),
+        rates=tuple(ns.rps),
+        duration_s=ns.duration,
+        ttft_slo_s=ns.ttft_slo,
+        tbt_slo_s=ns.tbt_slo,
+        alpha=ns.alpha,
+        beta_b=ns.beta_b,
+        beta_f=ns.beta_f,
+        xfer_budget=ns.xfer_budget,
+        swap_bandwidth_scale=ns.swap_bandwidth_scale,
+        max_running=ns.max_running,
+        max_batch_tokens=ns.max_batch_tokens,
+        cv=ns.cv,
+        sharegpt=ns.sharegpt,
+        seed=ns.seed,
+    )
+    return run_sweep(spec, json_path=ns.json, plot_path=ns.plot)
+
+
+def add_bench_simulator_parser(bench_sub: argparse._SubParsersAction[Any]) -> None:
+    """Add ``bench simulator``: simulated seconds per wall second."""
+    p = bench_sub.add_parser(
+        "simulator",
+        help="simulator speed: simulated seconds per wall second (target >= 20)",
+        description="Times `shunter simulate --model qwen2.5-32b --hardware gh200 "
+        "--policy lvf,fcfs,wf,sf --rps 20 --duration 120` and reports simulated seconds "
+        "per wall second, per policy and overall.",
+    )
+    p.add_argument("--rps", type=float, default=20.0)
+    p.add_argument("--duration", type=float, default=120.0)
+    p.add_argument("--policy", type=_names, default=["lvf", "fcfs", "wf", "sf"])
+    p.set_defaults(func=cmd_bench_simulator)
+
+
+def cmd_bench_simulator(ns: argparse.Namespace) -> int:
+    from shunter.engine.sim.sweep import bench_simulator
+
+    return bench_simulator(rate=ns.rps, duration_s=ns.duration, policies=ns.policy)

@@ -1,0 +1,47 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from shunter.platform.cli import main
+
+
+def test_simulate_prints_a_simulated_table_and_writes_json_and_plot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_json, out_html = tmp_path / "out.json", tmp_path / "out.html"
+    argv = [
+        "simulate", "--model", "llama-3-8b", "--hardware", "h100", "--policy", "lvf,fcfs",
+        "--rps", "1,2", "--duration", "5", "--ttft-slo", "5", "--tbt-slo", "0.1",
+        "--seed", "3", "--json", str(out_json), "--plot", str(out_html),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("SIMULATED: llama-3-8b on h100")
+    assert all("SIMULATED" in line for line in printed.splitlines() if "written" in line)
+    assert len([line for line in printed.splitlines() if line.startswith(("lvf", "fcfs"))]) == 4
+
+    doc = json.loads(out_json.read_text())
+    assert doc["simulated"] is True
+    assert doc["config"]["model"] == "llama-3-8b" and doc["config"]["seed"] == 3
+    assert doc["config"]["hardware_profile"]["sources"]
+    results = doc["results"]
+    assert [(r["policy"], r["rps"]) for r in results] == [
+        ("lvf", 1.0), ("lvf", 2.0), ("fcfs", 1.0), ("fcfs", 2.0),
+    ]  # fmt: skip
+    for key in ("ttft_attainment", "tbt_attainment", "slo_attainment", "goodput",
+                "p99_ttft_s", "p99_tpot_s", "throughput_tok_s", "rotations"):  # fmt: skip
+        assert key in results[0]
+    assert results[0]["slo_attainment"] == 1.0
+
+    html = out_html.read_text()
+    assert "<html>" in html and "SIMULATED" in html
+    # Self-contained: plotly.js is inlined, not fetched.
+    assert len(html) > 1_000_000 and "<script src=" not in html
+
+
+def test_simulate_rejects_bad_rates_and_unknown_models(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["simulate", "--rps", "4,x"])
+    with pytest.raises(ValueError, match="unknown model"):
+        main(["simulate", "--model", "gpt-9", "--rps", "1", "--duration", "1"])
