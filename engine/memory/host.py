@@ -6,12 +6,9 @@ view of the swap space, like device block ids do for the arena.
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Iterable
-
 
 class HostSwap:
-    """Host blocks per model under one byte budget. Lowest recycled ids first."""
+    """Host blocks per model under one byte budget; freed ids are reused first."""
 
     def __init__(self, capacity_bytes: int) -> None:
         if capacity_bytes < 0:
@@ -42,24 +39,21 @@ class HostSwap:
         if not self.can_allocate(model, n):
             raise MemoryError(f"host swap space: {n} blocks of {model!r} do not fit")
         recycled = self._recycled[model]
-        ids = []
-        for _ in range(n):
-            if recycled:
-                ids.append(heapq.heappop(recycled))
-            else:
-                ids.append(self._next_id[model])
-                self._next_id[model] += 1
+        ids = recycled[-n:] if n else []
+        del recycled[len(recycled) - len(ids) :]
+        fresh = n - len(ids)
+        if fresh:
+            start = self._next_id[model]
+            ids.extend(range(start, start + fresh))
+            self._next_id[model] = start + fresh
         self._num_used[model] += n
         self.used_bytes += n * self._block_bytes[model]
         return ids
 
-    def free(self, model: str, ids: Iterable[int]) -> None:
-        n = 0
-        for i in ids:
-            heapq.heappush(self._recycled[model], i)
-            n += 1
-        self._num_used[model] -= n
-        self.used_bytes -= n * self._block_bytes[model]
+    def free(self, model: str, ids: list[int]) -> None:
+        self._recycled[model].extend(ids)
+        self._num_used[model] -= len(ids)
+        self.used_bytes -= len(ids) * self._block_bytes[model]
 
     def check_integrity(self, model: str, used: set[int]) -> None:
         """``used`` are the host block ids of ``model`` the caller holds."""

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from shunter.engine.memory.table import NO_BLOCK, BlockTable
+from shunter.engine.memory.table import BlockTable
 from shunter.engine.request import Request, RequestState
 
 
 def check_table(request: Request, table: BlockTable | None, block_tokens: int) -> None:
     """One request's table against its state.
 
-    RUNNING: device blocks cover its computed tokens. ROTARY: exactly its computed
-    tokens' blocks, all off the device, each with a valid or landing host copy.
-    WAITING and FINISHED: no table. Block i is SYNCED iff its tokens are all computed.
+    RUNNING: device blocks cover its computed tokens. ROTARY: no device block, and a
+    valid or landing host copy of exactly its computed tokens' blocks. WAITING and
+    FINISHED: no table. Always: valid <= copied <= host blocks, and only SYNCED blocks
+    have host copies while the request is on the device, except right after a swap-in.
     """
     rid, state = request.id, request.state
     if state in (RequestState.WAITING, RequestState.FINISHED):
@@ -23,18 +24,16 @@ def check_table(request: Request, table: BlockTable | None, block_tokens: int) -
     computed = request.num_computed_tokens
     if table.num_computed != computed:
         raise AssertionError(f"request {rid!r}: table counts {table.num_computed} tokens")
+    if not table.num_host_valid <= table.num_host_copied <= len(table.hosts):
+        raise AssertionError(f"request {rid!r}: host copy counters disagree: {table}")
+    needed = -(-computed // block_tokens)
     if state is RequestState.RUNNING:
-        if not table.on_device or any(b.device == NO_BLOCK for b in table.blocks):
-            raise AssertionError(f"running request {rid!r} has blocks off the device")
-        if len(table) * block_tokens < computed:
+        if len(table.devices) < needed:
             raise AssertionError(f"running request {rid!r}: blocks do not cover its KV")
+        if len(table.hosts) > len(table.devices):
+            raise AssertionError(f"running request {rid!r}: more host than device blocks")
     else:
-        if table.on_device or any(b.device != NO_BLOCK for b in table.blocks):
+        if table.devices:
             raise AssertionError(f"rotary request {rid!r} holds device blocks")
-        if len(table) != -(-computed // block_tokens):
-            raise AssertionError(f"rotary request {rid!r}: {len(table)} blocks")
-        if any(b.host == NO_BLOCK or not b.has_host_copy for b in table.blocks):
-            raise AssertionError(f"rotary request {rid!r}: a block has no host copy")
-    for i, b in enumerate(table.blocks):
-        if b.synced != ((i + 1) * block_tokens <= computed):
-            raise AssertionError(f"request {rid!r}: block {i} is {b.state.name}")
+        if len(table.hosts) != needed or table.num_host_copied != needed:
+            raise AssertionError(f"rotary request {rid!r}: host copies do not cover its KV")

@@ -10,7 +10,9 @@ and ``end_step``; ``complete`` applies what the transfer engine reports done.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from itertools import repeat
+from typing import cast
 
 from shunter.engine.config import EngineConfig
 from shunter.engine.memory.arena import Arena
@@ -18,7 +20,7 @@ from shunter.engine.memory.host import HostSwap
 from shunter.engine.memory.inflight import InFlight
 from shunter.engine.memory.integrity import check_table
 from shunter.engine.memory.pool import BlockPool
-from shunter.engine.memory.table import NO_BLOCK, Block, BlockTable
+from shunter.engine.memory.table import BlockTable
 from shunter.engine.memory.weights import place_weights
 from shunter.engine.plan import BlockCopy, BlockMove, StepPlan
 from shunter.engine.request import Request, RequestState
@@ -47,13 +49,12 @@ class KVMemory:
         self.weights = place_weights(self.arena, config.models)
         self.host = HostSwap(config.host_swap_bytes)
         self._pools: dict[str, BlockPool] = {}
-        self._owners: dict[str, dict[int, Block]] = {}
         for spec in config.models:
             block_bytes = spec.block_bytes(config.block_tokens)
             self._pools[spec.name] = BlockPool(self.arena, spec.name, block_bytes)
-            self._owners[spec.name] = {}
             self.host.register(spec.name, block_bytes)
         self._tables: dict[str, BlockTable] = {}
+        self._unrotated: dict[str, BlockTable] = {}  # SYNCED blocks without a host copy
         self._inflight = InFlight()
         self._plan: StepPlan | None = None
 
@@ -81,12 +82,12 @@ class KVMemory:
         """Blocks the request holds on the device (RUNNING) or needs there to run: one
         per block of all its known tokens (otherwise)."""
         if request.state is RequestState.RUNNING:
-            return len(self._tables[request.id].blocks)
+            return len(self._tables[request.id].devices)
         return -(-request.num_tokens // self.block_tokens)
 
     def block_ids(self, request_id: str) -> list[int]:
         """Device block ids of a RUNNING request, in token order (for executors)."""
-        return self._tables[request_id].device_ids()
+        return self._tables[request_id].devices
 
     # -- steps ---------------------------------------------------------------------------
     def begin_step(self, plan: StepPlan) -> None:
@@ -99,10 +100,10 @@ class KVMemory:
         """Steps whose copies completed: land host copies, do the deferred frees."""
         for step in steps:
             devices, hosts = self._inflight.complete(step)
-            for model, device in devices:
-                self._pools[model].free((device,))
-            for model, host in hosts:
-                self.host.free(model, (host,))
+            for model, ids in devices.items():
+                self._pools[model].free(ids)
+            for model, ids in hosts.items():
+                self.host.free(model, ids)
 
     @property
     def num_pending_steps(self) -> int:
@@ -120,51 +121,53 @@ class KVMemory:
     def allocate(self, request: Request) -> None:
         if request.id in self._tables:
             raise ValueError(f"request {request.id!r} already has a block table")
-        table = BlockTable(request.id, request.model)
+        devices = self._pools[request.model].allocate(self.num_blocks(request.num_tokens))
+        table = BlockTable(request.id, request.model, devices)
         table.num_computed = request.num_computed_tokens
         self._tables[request.id] = table
-        self._grow(table, self.num_blocks(request.num_tokens))
 
     def can_append(self, request: Request, num_new_tokens: int) -> bool:
         table = self._tables[request.id]
-        need = self.num_blocks(request.num_computed_tokens + num_new_tokens) - len(table)
+        need = self.num_blocks(request.num_computed_tokens + num_new_tokens) - len(table.devices)
         return need <= 0 or self._pools[request.model].can_allocate(need)
 
     def append(self, request: Request, num_new_tokens: int) -> None:
         table = self._tables[request.id]
-        need = self.num_blocks(request.num_computed_tokens + num_new_tokens) - len(table)
+        need = self.num_blocks(request.num_computed_tokens + num_new_tokens) - len(table.devices)
         if need > 0:
-            self._grow(table, need)
+            table.devices += self._pools[request.model].allocate(need)
 
     def can_swap_out(self, request: Request) -> bool:
         table = self._tables[request.id]
-        keep = table.blocks[: self.num_blocks(request.num_computed_tokens)]
-        need = sum(1 for b in keep if b.host == NO_BLOCK)
-        return self.host.can_allocate(request.model, need)
+        need = self.num_blocks(request.num_computed_tokens) - len(table.hosts)
+        return self.host.can_allocate(request.model, max(0, need))
 
     def swap_out(self, request: Request) -> None:
         table = self._tables[request.id]
-        model, plan = table.model, self._current()
+        model, plan, devices = table.model, self._current(), table.devices
         keep = self.num_blocks(request.num_computed_tokens)
-        for block in table.blocks[keep:]:
-            self._drop_block(model, block)
-        del table.blocks[keep:]
-        ready = table.ready_step
-        for block in table.blocks:
-            if not block.has_host_copy:
-                if block.host == NO_BLOCK:
-                    block.host = self.host.allocate(model, 1)[0]
-                plan.swap_out.setdefault(model, []).append(BlockCopy(block.device, block.host))
-                self._inflight.land(block, plan.step)
-            if block.host_pending:
-                ready = max(ready, block.xfer_step)
-            self._drop_device(model, block)
-        table.on_device = False
-        table.ready_step = ready
+        valid, copied = table.num_host_valid, table.num_host_copied
+        if keep > len(table.hosts):
+            table.hosts += self.host.allocate(model, keep - len(table.hosts))
+        if copied < keep:
+            copies = _copies(devices[copied:keep], table.hosts[copied:keep])
+            plan.swap_out.setdefault(model, []).extend(copies)
+            self._inflight.land(table, keep, plan.step)
+        # Blocks with a valid host copy go now (unless an H2D copy or a move still writes
+        # them); landing blocks and newly copied ones go when their copies land.
+        fences = (table.h2d_step, table.move_step)
+        self._release_devices(model, devices[:valid] + devices[keep:], *fences)
+        self._release_devices(model, devices[valid:copied], table.d2h_step, *fences)
+        self._release_devices(model, devices[copied:keep], plan.step)
+        if copied < keep:
+            table.d2h_step = plan.step
+        table.num_host_copied = keep
+        table.devices = []
+        self._unrotated.pop(table.request_id, None)
 
     def has_landed(self, request: Request) -> bool:
         """Whether a ROTARY request's host copies are all complete (it may swap in)."""
-        return not self._inflight.is_pending(self._tables[request.id].ready_step)
+        return not self._inflight.is_pending(self._tables[request.id].d2h_step)
 
     def can_swap_in(self, request: Request) -> bool:
         pool = self._pools[request.model]
@@ -176,69 +179,73 @@ class KVMemory:
             raise RuntimeError(f"request {request.id!r}: its host copies have not landed")
         table = self._tables[request.id]
         model, plan = table.model, self._current()
-        copies = plan.swap_in.setdefault(model, [])
-        owners = self._owners[model]
         devices = self._pools[model].allocate(self.blk(request))
-        for block, device in zip(table.blocks, devices, strict=False):
-            block.device = device
-            owners[device] = block
-            copies.append(BlockCopy(device, block.host))
-            self._inflight.fence(block, plan.step)
-        table.on_device = True
-        self._extend(table, devices[len(table) :])
+        copies = _copies(devices[: len(table.hosts)], table.hosts)
+        plan.swap_in.setdefault(model, []).extend(copies)
+        self._inflight.touch(plan.step)
+        table.devices = devices
+        table.h2d_step = plan.step
 
     def free(self, request: Request) -> None:
         table = self._tables.pop(request.id, None)
         if table is None:
             return
-        for block in table.blocks:
-            self._drop_block(table.model, block)
+        self._unrotated.pop(request.id, None)
+        fence = self._fence(table.d2h_step, table.h2d_step, table.move_step)
+        if fence is None:
+            self._pools[table.model].free(table.devices)
+            self.host.free(table.model, table.hosts)
+        else:
+            self._inflight.defer_device(fence, table.model, table.devices)
+            self._inflight.defer_host(fence, table.model, table.hosts)
 
     def mark_computed(self, request: Request) -> None:
         """The step stored KV up to ``request.num_computed_tokens``: update block states.
 
-        Written blocks lose their host copy unless SYNCED (those are never written);
-        blocks now full become SYNCED, ready for eager rotation.
+        A written block loses its host copy (SYNCED blocks are never written); blocks
+        that became SYNCED wait for eager rotation.
         """
         table = self._tables[request.id]
-        old, new, bt = table.num_computed, request.num_computed_tokens, self.block_tokens
-        for block in table.blocks[old // bt : self.num_blocks(new)]:
-            if block.synced or block.host_pending:
-                raise AssertionError(f"request {request.id!r}: write into {block}")
-            block.host_valid = False
-        for block in table.blocks[old // bt : new // bt]:
-            block.synced = True
-        table.num_computed = new
+        first = table.num_computed // self.block_tokens
+        if table.num_host_copied > first:
+            if table.num_host_valid < min(table.num_host_copied, first):
+                raise AssertionError(f"request {request.id!r}: write into a landing block")
+            table.num_host_copied = first
+            table.num_host_valid = min(table.num_host_valid, first)
+        table.num_computed = request.num_computed_tokens
+        if table.num_computed // self.block_tokens > table.num_host_copied:
+            self._unrotated[request.id] = table
 
     def rotate(self) -> int:
         """Eager rotation: copy SYNCED blocks of running requests to host ahead of need.
 
-        Runs for models whose device KV usage is at or above the watermark, oldest
-        tables first (they are the likeliest preemption victims), up to the budget.
-        Returns the number of blocks queued.
+        Runs for models whose device KV usage is at or above the watermark, tables in
+        the order their blocks became SYNCED, up to the budget. Returns the number of
+        blocks queued.
         """
         budget = self.rotation.budget_blocks if self.rotation.eager else 0
         hot = {m for m in self._pools if self.usage(m) >= self.rotation.watermark}
-        if budget == 0 or not hot:
+        if budget == 0 or not hot or not self._unrotated:
             return 0
-        plan, queued = self._current(), 0
-        for table in self._tables.values():
-            if not table.on_device or table.model not in hot:
+        plan, queued, bt = self._current(), 0, self.block_tokens
+        for rid, table in list(self._unrotated.items()):
+            model = table.model
+            if model not in hot:
                 continue
-            blocks, i = table.blocks, table.rotated
-            while i < len(blocks) and blocks[i].synced and queued < budget:
-                block = blocks[i]
-                if not block.has_host_copy:
-                    if block.host == NO_BLOCK:
-                        if not self.host.can_allocate(table.model, 1):
-                            return queued
-                        block.host = self.host.allocate(table.model, 1)[0]
-                    copy = BlockCopy(block.device, block.host)
-                    plan.rotate.setdefault(table.model, []).append(copy)
-                    self._inflight.land(block, plan.step)
-                    queued += 1
-                i += 1
-            table.rotated = i
+            start = table.num_host_copied
+            end = min(table.num_computed // bt, start + budget - queued)
+            if end > len(table.hosts):
+                if not self.host.can_allocate(model, end - len(table.hosts)):
+                    break
+                table.hosts += self.host.allocate(model, end - len(table.hosts))
+            copies = _copies(table.devices[start:end], table.hosts[start:end])
+            plan.rotate.setdefault(model, []).extend(copies)
+            self._inflight.land(table, end, plan.step)
+            table.d2h_step = plan.step
+            table.num_host_copied = end
+            queued += end - start
+            if end == table.num_computed // bt:
+                del self._unrotated[rid]
             if queued == budget:
                 break
         return queued
@@ -246,12 +253,19 @@ class KVMemory:
     def compact(self, model: str) -> int:
         """Vacate the model's highest chunks; return the pages given back to the arena.
 
-        Empty top chunks go back at once. A top chunk whose live blocks fit in free
-        blocks below has them moved (``plan.moves``); its sources are freed when the
-        step completes, so a later call releases it. Stops at the first chunk that
-        cannot move (a block in flight, or too few free blocks below).
+        Call it after the step's other verbs. Empty top chunks go back at once. A top
+        chunk whose live blocks fit in free blocks elsewhere has them moved
+        (``plan.moves``); its sources are freed when the step completes, so a later
+        call releases it. Stops at the first chunk that cannot move (a block awaiting a
+        copy, a table with copies in flight, or too few free blocks).
         """
-        pool, owners, plan = self._pools[model], self._owners[model], self._current()
+        pool, plan = self._pools[model], self._current()
+        owners = {
+            d: (t, i)
+            for t in self._tables.values()
+            if t.model == model
+            for i, d in enumerate(t.devices)
+        }
         released = 0
         for chunk in reversed(pool.held_chunks):
             live = pool.num_used_in(chunk)
@@ -260,20 +274,19 @@ class KVMemory:
                 released += pool.pages_per_chunk
                 continue
             blocks = [owners[b] for b in pool.chunk_blocks(chunk) if b in owners]
-            free_below = pool.num_held_free - (pool.blocks_per_chunk - live)
-            if len(blocks) != live or free_below < live:
-                break
-            if any(self._inflight.fenced(b) for b in blocks):
+            busy = any(
+                self._fence(t.d2h_step, t.h2d_step, t.move_step) is not None for t, _ in blocks
+            )
+            free_elsewhere = pool.num_held_free - (pool.blocks_per_chunk - live)
+            if busy or len(blocks) != live or free_elsewhere < live:
                 break
             moves = plan.moves.setdefault(model, [])
-            for block, dst in zip(blocks, pool.allocate(live), strict=True):
-                src = block.device
-                moves.append(BlockMove(src, dst))
-                del owners[src]
-                owners[dst] = block
-                block.device = dst
-                self._inflight.fence(block, plan.step)
-                self._inflight.defer_device(plan.step, model, src)
+            self._inflight.touch(plan.step)
+            for (table, i), dst in zip(blocks, pool.allocate_outside(chunk, live), strict=True):
+                moves.append(BlockMove(table.devices[i], dst))
+                self._inflight.defer_device(plan.step, model, [table.devices[i]])
+                table.devices[i] = dst
+                table.move_step = plan.step
             break
         return released
 
@@ -293,46 +306,30 @@ class KVMemory:
         deferred_devices, deferred_hosts = self._inflight.deferred()
         for model, pool in self._pools.items():
             tables = [t for t in self._tables.values() if t.model == model]
-            devices = [b.device for t in tables for b in t.blocks if b.device != NO_BLOCK]
-            devices += [d for m, d in deferred_devices if m == model]
-            hosts = [b.host for t in tables for b in t.blocks if b.host != NO_BLOCK]
-            hosts += [h for m, h in deferred_hosts if m == model]
+            devices = [d for t in tables for d in t.devices] + deferred_devices.get(model, [])
+            hosts = [h for t in tables for h in t.hosts] + deferred_hosts.get(model, [])
             if len(set(devices)) != len(devices) or len(set(hosts)) != len(hosts):
                 raise AssertionError(f"{model}: a block is owned twice")
-            owned = {b.device: b for t in tables for b in t.blocks if b.device != NO_BLOCK}
-            if owned.keys() != self._owners[model].keys() or any(
-                self._owners[model][d] is not b for d, b in owned.items()
-            ):
-                raise AssertionError(f"{model}: device owner map disagrees with tables")
             pool.check_integrity(set(devices))
             self.host.check_integrity(model, set(hosts))
 
     # -- internals -------------------------------------------------------------------------
-    def _grow(self, table: BlockTable, n: int) -> None:
-        self._extend(table, self._pools[table.model].allocate(n))
+    def _fence(self, *steps: int) -> int | None:
+        """The latest of ``steps`` whose copies are still in flight, if any."""
+        pending = [s for s in steps if self._inflight.is_pending(s)]
+        return max(pending) if pending else None
 
-    def _extend(self, table: BlockTable, devices: list[int]) -> None:
-        owners = self._owners[table.model]
-        for device in devices:
-            block = Block(device)
-            owners[device] = block
-            table.blocks.append(block)
-
-    def _drop_device(self, model: str, block: Block) -> None:
-        device, block.device = block.device, NO_BLOCK
-        del self._owners[model][device]
-        if self._inflight.fenced(block):
-            self._inflight.defer_device(block.xfer_step, model, device)
+    def _release_devices(self, model: str, ids: list[int], *fences: int) -> None:
+        if not ids:
+            return
+        fence = self._fence(*fences)
+        if fence is None:
+            self._pools[model].free(ids)
         else:
-            self._pools[model].free((device,))
+            self._inflight.defer_device(fence, model, ids)
 
-    def _drop_block(self, model: str, block: Block) -> None:
-        if block.device != NO_BLOCK:
-            self._drop_device(model, block)
-        if block.host != NO_BLOCK:
-            host, block.host = block.host, NO_BLOCK
-            block.host_valid = False
-            if self._inflight.fenced(block):
-                self._inflight.defer_host(block.xfer_step, model, host)
-            else:
-                self.host.free(model, (host,))
+
+def _copies(devices: list[int], hosts: list[int]) -> Iterator[BlockCopy]:
+    # tuple.__new__ builds the named tuples in C: this is the hot loop of a rotation.
+    pairs = zip(devices, hosts, strict=True)
+    return cast(Iterator[BlockCopy], map(tuple.__new__, repeat(BlockCopy), pairs))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable
 
 from shunter.engine.memory.arena import FREE, Arena, PageOwner
 
@@ -20,8 +19,9 @@ class BlockPool:
     """Free and used device blocks of one model, claiming free arena chunks on demand.
 
     ``num_free`` counts blocks allocatable now: free blocks of held chunks plus those of
-    fully free chunks the pool may claim. ``allocate`` hands out the lowest ids first so
-    live blocks stay packed at the bottom and high chunks empty out for release.
+    fully free chunks the pool may claim. The free list is a stack, so allocation and
+    freeing are list slices; blocks of a newly claimed chunk go after those already
+    free, lowest ids first.
     """
 
     def __init__(self, arena: Arena, model: str, block_bytes: int) -> None:
@@ -37,9 +37,8 @@ class BlockPool:
         self.block_bytes = block_bytes
         self.pages_per_chunk = chunk_bytes // arena.page_bytes
         self.blocks_per_chunk = chunk_bytes // block_bytes
-        self._free: list[int] = []  # min-heap of free block ids in held chunks
-        self._num_used: dict[int, int] = {}  # held chunk -> blocks not free
-        self._num_used_total = 0
+        self._free: list[int] = []  # stack of free block ids in held chunks
+        self._chunks: set[int] = set()  # held chunks
         self._claimable: list[int] = []  # min-heap of fully free chunks
         self._seen_version = -1
 
@@ -50,7 +49,7 @@ class BlockPool:
 
     @property
     def num_held(self) -> int:
-        return len(self._num_used) * self.blocks_per_chunk
+        return len(self._chunks) * self.blocks_per_chunk
 
     @property
     def num_held_free(self) -> int:
@@ -58,15 +57,13 @@ class BlockPool:
 
     @property
     def num_used(self) -> int:
-        return self._num_used_total
+        """Blocks not free: owned by requests or awaiting a copy."""
+        return self.num_held - len(self._free)
 
     @property
     def num_total(self) -> int:
         """Blocks this model could hold now: held chunks plus claimable ones."""
         return self.num_held + len(self._fresh_claimable()) * self.blocks_per_chunk
-
-    def chunk_of(self, block: int) -> int:
-        return block // self.blocks_per_chunk
 
     def chunk_blocks(self, chunk: int) -> range:
         return range(chunk * self.blocks_per_chunk, (chunk + 1) * self.blocks_per_chunk)
@@ -76,61 +73,69 @@ class BlockPool:
 
     @property
     def held_chunks(self) -> list[int]:
-        return sorted(self._num_used)
+        return sorted(self._chunks)
 
     def num_used_in(self, chunk: int) -> int:
-        return self._num_used[chunk]
+        bpc = self.blocks_per_chunk
+        return bpc - sum(1 for b in self._free if b // bpc == chunk)
 
     # -- paired verbs -----------------------------------------------------------------
     def can_allocate(self, n: int) -> bool:
         return n <= self.num_free
 
     def allocate(self, n: int) -> list[int]:
-        """``n`` free blocks, lowest ids first. Raises MemoryError if there are fewer."""
-        while len(self._free) < n:
-            claimable = self._fresh_claimable()
-            if not claimable:
-                raise MemoryError(f"model {self.model!r}: {n} blocks requested, too few free")
-            self.claim(heapq.heappop(claimable))
-        blocks = [heapq.heappop(self._free) for _ in range(n)]
-        for b in blocks:
-            self._num_used[b // self.blocks_per_chunk] += 1
-        self._num_used_total += n
+        """``n`` free blocks. Raises MemoryError if there are fewer."""
+        if len(self._free) < n:
+            self._claim(-(-(n - len(self._free)) // self.blocks_per_chunk))
+        if n <= 0:
+            return []
+        free = self._free
+        blocks = free[-n:]
+        del free[-n:]
+        blocks.reverse()
         return blocks
 
-    def free(self, blocks: Iterable[int]) -> None:
-        for b in blocks:
-            self._num_used[b // self.blocks_per_chunk] -= 1
-            self._num_used_total -= 1
-            heapq.heappush(self._free, b)
+    def allocate_outside(self, chunk: int, n: int) -> list[int]:
+        """``n`` free blocks of held chunks other than ``chunk`` (to vacate it)."""
+        bpc = self.blocks_per_chunk
+        outside = [b for b in self._free if b // bpc != chunk]
+        if len(outside) < n:
+            raise MemoryError(f"model {self.model!r}: {n} blocks outside chunk {chunk}")
+        taken = set(outside[-n:])
+        self._free = [b for b in self._free if b not in taken]
+        return outside[-n:]
+
+    def free(self, blocks: list[int]) -> None:
+        self._free.extend(blocks)
 
     # -- chunks and the arena ---------------------------------------------------------
-    def claim(self, chunk: int) -> None:
-        """Make a fully free chunk of the arena a KV slab of this model."""
-        was_fresh = self._seen_version == self.arena.version
-        self.arena.convert(self.chunk_pages(chunk), FREE, self.owner)
-        if was_fresh:
-            if chunk in self._claimable:
-                self._claimable.remove(chunk)
-                heapq.heapify(self._claimable)
-            self._seen_version = self.arena.version
-        self._num_used[chunk] = 0
-        for b in self.chunk_blocks(chunk):
-            heapq.heappush(self._free, b)
+    def _claim(self, num_chunks: int) -> None:
+        """Make the lowest ``num_chunks`` fully free chunks of the arena KV slabs of this
+        model."""
+        claimable = self._fresh_claimable()
+        if len(claimable) < num_chunks:
+            raise MemoryError(f"model {self.model!r}: too few free blocks")
+        chunks = [heapq.heappop(claimable) for _ in range(num_chunks)]
+        pages = [p for c in chunks for p in self.chunk_pages(c)]
+        self.arena.convert(pages, FREE, self.owner)
+        self._seen_version = self.arena.version
+        self._chunks.update(chunks)
+        # Under the blocks already free, lowest id on top: those go first.
+        self._free[:0] = [b for c in reversed(chunks) for b in reversed(self.chunk_blocks(c))]
 
     def release(self, chunk: int) -> None:
         """Return a held chunk whose blocks are all free to the arena."""
-        if self._num_used[chunk]:
+        if self.num_used_in(chunk):
             raise ValueError(f"chunk {chunk} of {self.model!r} still has used blocks")
-        del self._num_used[chunk]
-        self._free = [b for b in self._free if b // self.blocks_per_chunk != chunk]
-        heapq.heapify(self._free)
+        self._chunks.remove(chunk)
+        bpc = self.blocks_per_chunk
+        self._free = [b for b in self._free if b // bpc != chunk]
         self.arena.convert(self.chunk_pages(chunk), self.owner, FREE)
         self._seen_version = -1
 
     def _fresh_claimable(self) -> list[int]:
-        # Rescan only when someone else changed page ownership: our own claims keep the
-        # cached heap exact.
+        # Rescan only when someone else changed page ownership: our own claims pop from
+        # the cached heap and keep it exact.
         if self._seen_version != self.arena.version:
             num_chunks = self.arena.num_pages // self.pages_per_chunk
             self._claimable = [
@@ -148,14 +153,10 @@ class BlockPool:
             raise AssertionError(f"{self.model}: a block is free twice")
         if free & used:
             raise AssertionError(f"{self.model}: blocks both free and used: {free & used}")
-        held = {b for c in self._num_used for b in self.chunk_blocks(c)}
+        held = {b for c in self._chunks for b in self.chunk_blocks(c)}
         if free | used != held:
             raise AssertionError(f"{self.model}: free + used != held blocks")
-        if self._num_used_total != len(used):
-            raise AssertionError(f"{self.model}: counts {self._num_used_total} used blocks")
-        for c, n in self._num_used.items():
-            if n != sum(1 for b in self.chunk_blocks(c) if b in used):
-                raise AssertionError(f"{self.model}: chunk {c} counts {n} used blocks")
+        for c in self._chunks:
             for p in self.chunk_pages(c):
                 if self.arena.owner(p) != self.owner:
                     raise AssertionError(f"{self.model}: page {p} of a held chunk is not KV")

@@ -1,10 +1,22 @@
-"""A request's block table: its logical KV blocks, where each lives, and their state."""
+"""A request's block table: its logical KV blocks, where each lives, and their state.
+
+Per-block state follows from a few counters because blocks fill in token order:
+
+- block i is SYNCED (full, never written again) iff ``(i + 1) * block_tokens <=
+  num_computed``; the others are DIRTY;
+- host copies exist for a prefix: block i has a host block iff ``i < len(hosts)``,
+  a valid host copy iff ``i < num_host_valid``, and a copy landing (D2H in flight)
+  iff ``num_host_valid <= i < num_host_copied``.
+
+Eager rotation extends the copied prefix over SYNCED blocks; a preemption extends it
+over the rest; a write into a block cuts it back to that block. So every operation is a
+slice of two id lists, not a loop over block objects.
+"""
 
 from __future__ import annotations
 
 import enum
 
-NO_BLOCK = -1
 NO_STEP = -1
 
 
@@ -16,77 +28,63 @@ class BlockState(enum.Enum):
     SYNCED = "synced"
 
 
-class Block:
-    """One logical KV block of a request.
-
-    ``device`` / ``host`` are block ids in the model's device and host views
-    (``NO_BLOCK`` when absent). ``host_valid`` says the host copy holds the block's
-    current contents; ``host_pending`` that a D2H copy into it is in flight.
-    ``xfer_step`` is the step whose copy (or move) last touched the block; until that
-    step's transfers complete the block is neither freed nor copied.
-    """
-
-    __slots__ = ("device", "host", "host_pending", "host_valid", "synced", "xfer_step")
-
-    def __init__(self, device: int) -> None:
-        self.device = device
-        self.host = NO_BLOCK
-        self.host_valid = False
-        self.host_pending = False
-        self.synced = False
-        self.xfer_step = NO_STEP
-
-    @property
-    def state(self) -> BlockState:
-        return BlockState.SYNCED if self.synced else BlockState.DIRTY
-
-    @property
-    def has_host_copy(self) -> bool:
-        """A valid host copy exists or is landing: preemption need not copy it."""
-        return self.host_valid or self.host_pending
-
-    def __repr__(self) -> str:
-        return (
-            f"Block(device={self.device}, host={self.host}, {self.state.name}, "
-            f"host_valid={self.host_valid}, host_pending={self.host_pending}, "
-            f"xfer_step={self.xfer_step})"
-        )
-
-
 class BlockTable:
     """The logical blocks of one request, in token order.
 
-    While the request is RUNNING every block has a device id (``on_device``); while it
-    is ROTARY none has, and every block has a valid (or in-flight) host copy.
-    ``num_computed`` mirrors the tokens whose KV is stored; ``rotated`` counts the
-    leading SYNCED blocks whose host copy exists or is in flight, where eager rotation
-    resumes. ``ready_step`` is the last step whose copies a swap-in must wait for.
+    ``devices`` holds a device block id per logical block while the request is on the
+    device (RUNNING) and is empty while it is ROTARY. ``hosts`` holds the host block ids
+    of the leading blocks that have one. The ``*_step`` fields name the last step whose
+    D2H copies, H2D copies or device-to-device moves touched the table; until those
+    steps complete, the blocks involved are neither freed nor reused.
     """
 
     __slots__ = (
-        "blocks",
+        "d2h_step",
+        "devices",
+        "h2d_step",
+        "hosts",
         "model",
+        "move_step",
         "num_computed",
-        "on_device",
-        "ready_step",
+        "num_host_copied",
+        "num_host_valid",
         "request_id",
-        "rotated",
     )
 
-    def __init__(self, request_id: str, model: str) -> None:
+    def __init__(self, request_id: str, model: str, devices: list[int]) -> None:
         self.request_id = request_id
         self.model = model
-        self.blocks: list[Block] = []
+        self.devices = devices
+        self.hosts: list[int] = []
         self.num_computed = 0
-        self.on_device = True
-        self.rotated = 0
-        self.ready_step = NO_STEP
+        self.num_host_valid = 0
+        self.num_host_copied = 0
+        self.d2h_step = NO_STEP
+        self.h2d_step = NO_STEP
+        self.move_step = NO_STEP
+
+    @property
+    def on_device(self) -> bool:
+        return bool(self.devices)
 
     def __len__(self) -> int:
-        return len(self.blocks)
+        """Logical blocks: device blocks while on the device, host blocks otherwise."""
+        return len(self.devices) if self.devices else len(self.hosts)
 
-    def device_ids(self) -> list[int]:
-        return [b.device for b in self.blocks]
+    def state(self, i: int, block_tokens: int) -> BlockState:
+        synced = (i + 1) * block_tokens <= self.num_computed
+        return BlockState.SYNCED if synced else BlockState.DIRTY
 
-    def host_ids(self) -> list[int]:
-        return [b.host for b in self.blocks]
+    def host_valid(self, i: int) -> bool:
+        return i < self.num_host_valid
+
+    def host_pending(self, i: int) -> bool:
+        return self.num_host_valid <= i < self.num_host_copied
+
+    def __repr__(self) -> str:
+        return (
+            f"BlockTable({self.request_id!r}, devices={self.devices}, hosts={self.hosts}, "
+            f"computed={self.num_computed}, host_valid={self.num_host_valid}, "
+            f"host_copied={self.num_host_copied}, steps d2h={self.d2h_step} "
+            f"h2d={self.h2d_step} move={self.move_step})"
+        )

@@ -89,7 +89,7 @@ def test_pool_geometry_when_blocks_and_pages_do_not_divide(
     assert (pool.pages_per_chunk, pool.blocks_per_chunk) == (pages_per_chunk, blocks_per_chunk)
     assert pool.num_free == pool.num_total == 3 * blocks_per_chunk
     blocks = pool.allocate(blocks_per_chunk + 1)
-    assert blocks == list(range(blocks_per_chunk + 1))  # lowest ids first
+    assert blocks == list(range(blocks_per_chunk + 1))  # the lowest chunks first
     assert pool.held_chunks == [0, 1]
     # Block b covers bytes [b * block_bytes, (b + 1) * block_bytes): inside KV pages.
     for b in blocks:
