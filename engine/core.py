@@ -5,12 +5,13 @@ Pure logic: no torch. The torch executor and the simulator drive the same core.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from shunter.engine.config import EngineConfig
 from shunter.engine.interfaces import Clock, Executor, Transfers
 from shunter.engine.memory.manager import KVMemory
-from shunter.engine.plan import BlockCopy, StepPlan
+from shunter.engine.plan import BlockCopy, StepPlan, StepResult
 from shunter.engine.request import Request, RequestState
 from shunter.engine.sched.policies import make_policy
 from shunter.engine.sched.scheduler import Scheduler
@@ -22,13 +23,15 @@ class StepStats:
     requests that finished (their timestamps carry TTFT and every token gap).
 
     ``t_start`` is the clock when the step began and ``t_end`` when its tokens were
-    emitted; ``duration_s`` is the executor's figure for the step.
+    emitted; ``duration_s`` is the executor's figure for the step. ``schedule_s`` is
+    the host time (wall clock, even in the simulator) spent planning the step.
     """
 
     step: int
     t_start: float
     t_end: float
     duration_s: float
+    schedule_s: float
     num_batch_tokens: int
     num_decodes: int
     num_prefills: int
@@ -93,7 +96,9 @@ class EngineCore:
     def step(self) -> StepStats:
         t_start = self.clock.now()
         self.memory.complete(self.transfers.poll(t_start))
+        t0 = time.perf_counter()
         plan = self.scheduler.schedule(t_start, self._step)
+        schedule_s = time.perf_counter() - t0
         self._step += 1
         self.transfers.submit(plan)
         result = self.executor.execute(plan)
@@ -101,15 +106,15 @@ class EngineCore:
         finished = self.scheduler.update(plan, result, t_end)
         if self.config.check_integrity:
             self.check_integrity()
-        return self._stats(plan, t_start, t_end, result.duration_s, len(result.emitted), finished)
+        return self._stats(plan, result, t_start, t_end, schedule_s, finished)
 
     def _stats(
         self,
         plan: StepPlan,
+        result: StepResult,
         t_start: float,
         t_end: float,
-        duration_s: float,
-        num_emitted: int,
+        schedule_s: float,
         finished: list[Request],
     ) -> StepStats:
         def nbytes(copies: dict[str, list[BlockCopy]]) -> int:
@@ -120,11 +125,12 @@ class EngineCore:
             step=plan.step,
             t_start=t_start,
             t_end=t_end,
-            duration_s=duration_s,
+            duration_s=result.duration_s,
+            schedule_s=schedule_s,
             num_batch_tokens=plan.num_batch_tokens,
             num_decodes=len(plan.batch) - num_prefills,
             num_prefills=num_prefills,
-            num_emitted=num_emitted,
+            num_emitted=len(result.emitted),
             num_preempted=len(plan.preempted),
             num_swapped_in=len(plan.swapped_in),
             num_admitted=len(plan.admitted),

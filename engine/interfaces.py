@@ -38,10 +38,11 @@ class Executor(ABC):
       - Before reading KV, perform ``plan.moves`` (device-to-device block moves).
       - Run ``plan.batch``: for each entry compute KV for its token range through the
         request's block table and, where ``samples`` is set, sample one token.
-      - A request in the batch that was swapped in by the previous plan must not be
-        read before that plan's H2D batch has completed (the torch executor makes the
-        compute stream wait on the copy's event; a simulator starts the step no earlier
-        than the copy's completion).
+      - A request swapped in by an earlier plan must not be read before that plan's
+        H2D batch has completed (the torch executor makes the compute stream wait on
+        the copy's event; a simulator starts the step no earlier than the copy's
+        completion). The engine relies on this: once such a request has been computed,
+        its H2D copies are done, whether or not ``Transfers.poll`` reported them yet.
       - Return when the step's tokens are known, with one ``emitted`` entry per sampling
         batch entry and ``duration_s`` the step's device time. A simulated executor
         advances its virtual clock by that duration before returning.
@@ -59,8 +60,9 @@ class Transfers(ABC):
     Contract:
       - ``submit(plan)`` starts the plan's two batches at once, one per direction:
         D2H = ``plan.d2h(model)`` for every model, H2D = ``plan.swap_in``. It must not
-        block on them. The engine guarantees that no H2D destination is the source of
-        a D2H copy that has not completed, so the two directions may run concurrently.
+        block on them. The engine guarantees that no H2D copy writes a block that a
+        copy still in flight reads or writes, and no D2H copy reads a block an H2D copy
+        still writes, so the two directions may run concurrently.
       - ``poll(now)`` returns the steps whose batches (both directions) have completed
         by ``now`` and were not reported before, in increasing order. Steps without
         copies may be reported at once. Every submitted step is eventually reported.

@@ -74,7 +74,7 @@ class Scheduler:
         return sum(len(q.running) for q in self.queues.values())
 
     def count(self, state: RequestState) -> int:
-        return sum(len(q.of(state)) for q in self.queues.values())
+        return sum(q.count(state) for q in self.queues.values())
 
     # -- one step --------------------------------------------------------------------------
     def schedule(self, now: float, step: int) -> StepPlan:
@@ -87,6 +87,8 @@ class Scheduler:
                 r.t_run = now
         self._joining = []
         self.memory.begin_step(plan)
+        for q in self.queues.values():
+            q.land(self.memory.has_landed)
         decodes = [r for q in self.queues.values() for r in self._reserve_decodes(q, plan)]
         decisions = {model: self._decide(model, q, plan, now) for model, q in self.queues.items()}
 
@@ -156,7 +158,7 @@ class Scheduler:
             now=now,
             running=list(q.running.values()),
             waiting=list(q.waiting.values()),
-            rotary=[r for r in q.rotary.values() if self.memory.has_landed(r)],
+            rotary=list(q.rotary.values()),
             num_free_blocks=self.memory.num_free_blocks(model),
             xfer_budget=max(0, self.config.xfer_budget_blocks - moved),
             blk=self.memory.blk,
@@ -175,7 +177,7 @@ class Scheduler:
         plan.preempted.append(r.id)
         if r.num_computed_tokens and self.memory.can_swap_out(r):
             self.memory.swap_out(r)
-            q.move(r, ROTARY)
+            q.move(r, ROTARY, landing=not self.memory.has_landed(r))
             return
         self.memory.free(r)
         r.num_computed_tokens = 0

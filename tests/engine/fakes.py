@@ -100,21 +100,30 @@ class Contents:
 class FakeExecutor(Executor):
     """Emits token ``step`` for every sampling entry and advances the clock by ``dt``.
 
-    With ``contents`` and ``memory`` set it also plays the device: it performs the
-    plan's moves, checks the KV each entry reads, and writes the KV it computes.
+    Like a real executor it waits for the H2D copies of a swapped-in request before
+    computing it: here, by completing that step's transfers. With ``contents`` and
+    ``memory`` set it also plays the device: it performs the plan's moves, checks the KV
+    each entry reads, and writes the KV it computes.
     """
 
-    def __init__(self, clock: StepClock, dt: float = 0.01) -> None:
+    def __init__(self, clock: StepClock, transfers: FakeTransfers, dt: float = 0.01) -> None:
         self.clock = clock
+        self.transfers = transfers
         self.dt = dt
         self.plans: list[StepPlan] = []
         self.contents: Contents | None = None
         self.memory: KVMemory | None = None
+        self._swapped_in: dict[str, int] = {}
 
     def execute(self, plan: StepPlan) -> StepResult:
         in_batch = {e.request_id for e in plan.batch}
         assert len(in_batch) == len(plan.batch), "a request twice in one batch"
         assert not in_batch & set(plan.swapped_in), "swapped in and in the batch in one step"
+        for rid in in_batch & self._swapped_in.keys():
+            self.transfers.complete_through(self._swapped_in.pop(rid))
+        self._swapped_in.update((rid, plan.step) for rid in plan.swapped_in)
+        for rid in plan.released:
+            self._swapped_in.pop(rid, None)
         if self.contents is not None and self.memory is not None:
             self._play(plan, self.contents, self.memory)
         self.plans.append(plan)
@@ -143,22 +152,22 @@ class FakeExecutor(Executor):
 class FakeTransfers(Transfers):
     """Completes each step's copies ``delay`` polls after submission, in step order.
 
-    Asserts DuplexKV's race rule: no H2D destination is the source of a D2H copy that
-    has not completed (this step's or an earlier one's), and no block is copied twice in
-    one direction in one step. With ``contents`` set it moves tags: H2D copies happen
-    at submission (the earliest moment), D2H copies at completion (the latest), so a
-    block reused too early is caught.
+    Asserts DuplexKV's race rules: no H2D copy into a block that a copy still in flight
+    reads or writes (this step's or an earlier one's), no D2H copy out of a block an H2D
+    copy still writes, no block copied twice in one step. With ``contents`` set it moves
+    tags: H2D copies happen at submission (the earliest moment), D2H copies at completion
+    (the latest), so a block reused too early is caught.
     """
 
     def __init__(self, delay: int = 1) -> None:
         self.delay = delay
-        self.queue: deque[tuple[int, int, list[tuple[str, BlockCopy]]]] = deque()
+        self.queue: deque[tuple[int, int, list[tuple[str, BlockCopy]], set[tuple[str, int]]]] = (
+            deque()
+        )
         self.polls = 0
         self.submitted: list[int] = []
+        self.done: list[int] = []
         self.contents: Contents | None = None
-
-    def pending_d2h(self) -> set[tuple[str, int]]:
-        return {(m, c.device_block) for _, _, copies in self.queue for m, c in copies}
 
     def submit(self, plan: StepPlan) -> None:
         assert not self.submitted or plan.step > self.submitted[-1]
@@ -166,34 +175,51 @@ class FakeTransfers(Transfers):
         d2h = [(m, c) for m in {*plan.swap_out, *plan.rotate} for c in plan.d2h(m)]
         sources = {(m, c.device_block) for m, c in d2h}
         assert len(sources) == len(d2h), "a block copied twice to host in one step"
-        h2d = {(m, c.device_block) for m, cs in plan.swap_in.items() for c in cs}
-        assert len(h2d) == plan.num_h2d_blocks, "two H2D copies into one block"
-        clash = h2d & (sources | self.pending_d2h())
-        assert not clash, f"step {plan.step}: H2D into blocks with pending D2H: {clash}"
+        dests = {(m, c.device_block) for m, cs in plan.swap_in.items() for c in cs}
+        assert len(dests) == plan.num_h2d_blocks, "two H2D copies into one block"
+        reading = sources | {b for _, _, d2h, _ in self.queue for b in self._sources(d2h)}
+        writing = {b for _, _, _, dsts in self.queue for b in dsts}
+        clash = dests & (reading | writing)
+        assert not clash, f"step {plan.step}: H2D into blocks still copied: {clash}"
+        clash = sources & (writing | dests)
+        assert not clash, f"step {plan.step}: D2H out of blocks still written: {clash}"
         if self.contents is not None:
             for m, cs in plan.swap_in.items():
                 for c in cs:
                     held = self.contents.host[m, c.host_block]
                     self.contents.device[m, c.device_block] = list(held)
-        self.queue.append((self.polls + self.delay, plan.step, d2h))
+        self.queue.append((self.polls + self.delay, plan.step, d2h, dests))
+
+    @staticmethod
+    def _sources(d2h: list[tuple[str, BlockCopy]]) -> set[tuple[str, int]]:
+        return {(m, c.device_block) for m, c in d2h}
 
     def poll(self, now: float) -> list[int]:
         self.polls += 1
-        done = []
         while self.queue and self.queue[0][0] <= self.polls:
-            _, step, d2h = self.queue.popleft()
-            if self.contents is not None:
-                for m, c in d2h:
-                    held = self.contents.device.get((m, c.device_block), self.contents.empty())
-                    self.contents.host[m, c.host_block] = list(held)
-            done.append(step)
+            self._land()
+        done, self.done = self.done, []
         return done
+
+    def complete_through(self, step: int) -> None:
+        """Finish every copy of steps up to ``step`` now (an executor waits on them)."""
+        while self.queue and self.queue[0][1] <= step:
+            self._land()
+
+    def _land(self) -> None:
+        _, step, d2h, _ = self.queue.popleft()
+        if self.contents is not None:
+            for m, c in d2h:
+                held = self.contents.device.get((m, c.device_block), self.contents.empty())
+                self.contents.host[m, c.host_block] = list(held)
+        self.done.append(step)
 
 
 def make_core(config: EngineConfig, *, delay: int = 1) -> tuple[EngineCore, StepClock]:
     """An EngineCore over the fakes, with block contents tracked and checked."""
     clock = StepClock()
-    executor, transfers = FakeExecutor(clock), FakeTransfers(delay)
+    transfers = FakeTransfers(delay)
+    executor = FakeExecutor(clock, transfers)
     core = EngineCore(config, executor, transfers, clock)
     executor.contents = transfers.contents = Contents(config.block_tokens)
     executor.memory = core.memory

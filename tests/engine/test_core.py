@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from shunter.engine.config import RotationConfig
 from shunter.engine.core import EngineCore, StepStats
 from shunter.engine.request import Request, RequestState
-from tests.engine.fakes import FakeExecutor, StepClock, make_core, request, tiny_config
+from tests.engine.fakes import StepClock, make_core, request, tiny_config
 
 POLICIES = ["fcfs", "wf", "sf", "lvf"]
 
@@ -217,14 +217,3 @@ def test_add_request_rejects_what_can_never_fit() -> None:
         except ValueError:
             continue
         raise AssertionError(f"{bad.id} was accepted")
-
-
-def test_fake_executor_clock_moves() -> None:
-    clock = StepClock()
-    ex = FakeExecutor(clock, dt=0.5)
-    core = EngineCore(
-        tiny_config(kv_blocks=8), ex, make_core(tiny_config(kv_blocks=8))[0].transfers, clock
-    )
-    core.add_request(request("a", 2, 2))
-    s = core.step()
-    assert (s.t_start, s.t_end) == (0.0, 0.5)
