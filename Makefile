@@ -19,5 +19,8 @@ lint: install
 typecheck: install
 	@bash scripts/typecheck.sh
 
+bench: install
+	@bash scripts/bench.sh
+
 clean:
 	rm -rf build dist *.egg-info var/typecheck .pytest_cache .mypy_cache .ruff_cache

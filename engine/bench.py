@@ -1,0 +1,132 @@
+"""Scheduler benchmark: host time to plan one step, LVF against FCFS, by live requests.
+
+The paper's setting (SuperInfer §5.1): Qwen2.5-32B on a 144 GB GH200, 90% of HBM for
+the arena (about 16k KV blocks of 4 MiB after the weights), default knobs (B_xfer =
+2400). Each run keeps ``num_live`` requests alive with ShareGPT-like lengths, so memory
+is contended from a few hundred requests on: LVF rotates up to B_xfer blocks every step,
+FCFS preempts passively. The step loop is the real EngineCore; the executor and transfer
+engine are instant stand-ins, since only planning is timed (``StepStats.schedule_s``:
+policy, memory verbs, batch building, eager rotation).
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from dataclasses import dataclass
+
+from shunter.engine.config import EngineConfig, RotationConfig, SchedulerConfig, SloSpec
+from shunter.engine.core import EngineCore
+from shunter.engine.interfaces import Clock, Executor, Transfers
+from shunter.engine.plan import StepPlan, StepResult
+from shunter.engine.request import Request
+from shunter.engine.sim.catalog import CATALOG
+
+MODEL = CATALOG["qwen2.5-32b"]  # a 16-token KV block is 4 MiB
+DEVICE_BYTES = int(0.9 * 144e9)
+SLO = SloSpec("bench", ttft_s=5.0, tbt_s=0.1)
+STEP_S = 0.05  # virtual seconds per step, so VLTs move as in a busy engine
+BLOCK_TOKENS = 16
+
+
+class _Clock(Clock):
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+
+class _InstantExecutor(Executor):
+    """Samples a token for every entry that asks, in ``STEP_S`` of virtual time."""
+
+    def __init__(self, clock: _Clock) -> None:
+        self.clock = clock
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        self.clock.t += STEP_S
+        return StepResult(STEP_S, {e.request_id: None for e in plan.batch if e.samples})
+
+
+class _InstantTransfers(Transfers):
+    """Every step's copies are done by the next poll."""
+
+    def __init__(self) -> None:
+        self.pending: list[int] = []
+
+    def submit(self, plan: StepPlan) -> None:
+        self.pending.append(plan.step)
+
+    def poll(self, now: float) -> list[int]:
+        done, self.pending = self.pending, []
+        return done
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    policy: str
+    num_live: int
+    median_s: float
+    steps: int
+
+
+def _engine(policy: str) -> EngineCore:
+    config = EngineConfig(
+        models=(MODEL,),
+        device_bytes=DEVICE_BYTES,
+        host_swap_bytes=400 * 10**9,  # the paper's 400 GB of Grace DRAM for KV
+        block_tokens=BLOCK_TOKENS,
+        scheduler=SchedulerConfig(policy=policy),
+        rotation=RotationConfig(),
+    )
+    clock = _Clock()
+    return EngineCore(config, _InstantExecutor(clock), _InstantTransfers(), clock)
+
+
+def bench_policy(
+    policy: str, num_live: int, *, steps: int = 60, warmup: int = 40, seed: int = 0
+) -> BenchResult:
+    """Median planning time per step with ``num_live`` requests kept alive.
+
+    Lengths are ShareGPT-like (prompts 32-1024, outputs 64-1024 tokens); a request that
+    finishes is replaced at once, so the live count stays fixed.
+    """
+    rng = random.Random(seed)
+    core = _engine(policy)
+    counter = 0
+
+    def arrive() -> None:
+        nonlocal counter
+        core.add_request(
+            Request(
+                id=f"b{counter}",
+                model=MODEL.name,
+                prompt_tokens=rng.randint(32, 1024),
+                max_output_tokens=rng.randint(64, 1024),
+                slo=SLO,
+                t_arr=core.clock.now(),
+            )
+        )
+        counter += 1
+
+    for _ in range(num_live):
+        arrive()
+    times = []
+    for i in range(warmup + steps):
+        stats = core.step()
+        for _ in stats.finished:
+            arrive()
+        if i >= warmup:
+            times.append(stats.schedule_s)
+    return BenchResult(policy, num_live, statistics.median(times), steps)
+
+
+def bench_scheduler(sizes: tuple[int, ...] = (256, 1024, 4096), steps: int = 60) -> list[str]:
+    """LVF and FCFS at each size: median step planning time and the LVF/FCFS ratio."""
+    lines = [f"{'live':>6} {'lvf ms':>9} {'fcfs ms':>9} {'lvf/fcfs':>9}"]
+    for n in sizes:
+        lvf = bench_policy("lvf", n, steps=steps)
+        fcfs = bench_policy("fcfs", n, steps=steps)
+        ratio = lvf.median_s / fcfs.median_s
+        lines.append(f"{n:>6} {lvf.median_s * 1e3:>9.3f} {fcfs.median_s * 1e3:>9.3f} {ratio:>9.2f}")
+    return lines

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# `make bench`: the engine's benchmarks. Scheduler figures are host time on this machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "== scheduler: median step planning time, LVF vs FCFS"
+"${VENV:-.venv}/bin/shunter" bench scheduler
