@@ -6,6 +6,8 @@ Imports nothing heavy at module level: ``shunter --help`` must stay fast.
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 from typing import Any
 
 
@@ -18,6 +20,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     benches = bench.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
     _add_bench_scheduler_parser(benches)
     add_bench_simulator_parser(benches)
+    _add_model_commands(sub)
 
 
 def _add_bench_scheduler_parser(benches: argparse._SubParsersAction[Any]) -> None:
@@ -43,4 +46,35 @@ def cmd_bench_scheduler(ns: argparse.Namespace) -> int:
 
     for line in bench_scheduler(ns.live, steps=ns.steps):
         print(line)
+    return 0
+
+
+def _add_model_commands(sub: argparse._SubParsersAction[Any]) -> None:
+    from shunter.engine.exec.presets import DEFAULT_SHARD_BYTES, PRESETS  # no torch
+
+    model = sub.add_parser("model", help="model directories in Hugging Face format")
+    actions = model.add_subparsers(dest="model_command", metavar="ACTION", required=True)
+    init = actions.add_parser(
+        "init", help="write a model directory with random weights and a local tokenizer"
+    )
+    source = init.add_mutually_exclusive_group(required=True)
+    source.add_argument("--preset", choices=sorted(PRESETS), help="a built-in architecture")
+    source.add_argument("--config", type=Path, help="a Hugging Face config.json to follow")
+    init.add_argument("--out", type=Path, required=True, help="directory to write (new or empty)")
+    init.add_argument("--seed", type=int, default=0, help="seed of the weights (default 0)")
+    init.add_argument(
+        "--shard-bytes",
+        type=int,
+        default=DEFAULT_SHARD_BYTES,
+        help=f"largest safetensors file before sharding (default {DEFAULT_SHARD_BYTES})",
+    )
+    init.set_defaults(func=cmd_model_init)
+
+
+def cmd_model_init(ns: argparse.Namespace) -> int:
+    from shunter.engine.exec.model_init import init_model_dir, preset_config
+
+    config = preset_config(ns.preset) if ns.preset else json.loads(ns.config.read_text())
+    out = init_model_dir(ns.out, config=config, seed=ns.seed, max_shard_bytes=ns.shard_bytes)
+    print(f"wrote {out}")
     return 0
