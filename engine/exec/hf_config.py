@@ -177,3 +177,16 @@ def model_spec_from_config(
         tie_embeddings=arch.tie_embeddings,
         max_context=arch.max_position_embeddings,
     )
+
+
+def eos_token_ids(model_dir: str | Path) -> tuple[int, ...]:
+    """Tokens that end a generation: ``generation_config.json``'s ``eos_token_id``
+    (one id or a list), else ``config.json``'s; empty when neither names one."""
+    path = Path(model_dir)
+    generation = path / "generation_config.json"
+    found = json.loads(generation.read_text()).get("eos_token_id") if generation.exists() else None
+    if found is None:
+        found = read_config(path).get("eos_token_id")
+    if found is None:
+        return ()
+    return tuple(found) if isinstance(found, list) else (int(found),)

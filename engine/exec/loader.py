@@ -160,19 +160,29 @@ def _tensor_files(model_dir: Path) -> dict[str, str]:
         return dict.fromkeys(f.keys(), single.name)
 
 
-def copy_to_device(host: ModelWeights, device: torch.device) -> ModelWeights:
-    """A device copy of ``host`` in fresh storage (also on CPU), ties preserved."""
+Allocate = Callable[[int | None, torch.Tensor], torch.Tensor]
+"""Device storage for a tensor shaped like the given host one; the first argument is the
+decoder layer it belongs to (``None``: embeddings, final norm and output head)."""
 
-    def copy(t: torch.Tensor) -> torch.Tensor:
-        return torch.empty_like(t, device=device).copy_(t, non_blocking=True)
 
-    embed = copy(host.embed)
+def copy_weights(host: ModelWeights, allocate: Allocate) -> ModelWeights:
+    """A device copy of ``host`` in the storage ``allocate`` hands out, ties preserved."""
+
+    def into(layer: int | None) -> Callable[[torch.Tensor], torch.Tensor]:
+        return lambda t: allocate(layer, t).copy_(t, non_blocking=True)
+
+    embed = into(None)(host.embed)
     weights = ModelWeights(
         embed=embed,
-        layers=[layer.map(copy) for layer in host.layers],
-        final_norm=copy(host.final_norm),
-        lm_head=embed if host.lm_head is host.embed else copy(host.lm_head),
+        layers=[layer.map(into(i)) for i, layer in enumerate(host.layers)],
+        final_norm=into(None)(host.final_norm),
+        lm_head=embed if host.lm_head is host.embed else into(None)(host.lm_head),
     )
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    if embed.device.type == "cuda":
+        torch.cuda.synchronize(embed.device)
     return weights
+
+
+def copy_to_device(host: ModelWeights, device: torch.device) -> ModelWeights:
+    """A device copy of ``host`` in fresh tensors (fresh storage on CPU too)."""
+    return copy_weights(host, lambda _layer, t: torch.empty_like(t, device=device))

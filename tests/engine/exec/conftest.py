@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,16 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 TINY = ("tiny-llama", "tiny-qwen2", "tiny-mistral")
 CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    """Tiny models run faster on one thread: a thread pool costs more than it gives
+    on 64-wide matrices, much more so on a shared, busy machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

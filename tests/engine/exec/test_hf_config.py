@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,7 +13,12 @@ import torch
 from transformers import AutoConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from shunter.engine.exec.hf_config import ArchConfig, model_spec_from_config, rope_from_hf
+from shunter.engine.exec.hf_config import (
+    ArchConfig,
+    eos_token_ids,
+    model_spec_from_config,
+    rope_from_hf,
+)
 from shunter.engine.exec.presets import PRESETS
 from shunter.engine.exec.rotary import inverse_frequencies
 from shunter.engine.sim.catalog import CATALOG
@@ -107,3 +114,13 @@ def test_hf_config_needs_no_torch() -> None:
         "assert 'torch' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_eos_ids_come_from_the_generation_config_first(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": 7}))
+    assert eos_token_ids(tmp_path) == (7,)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [3, 9]}))
+    assert eos_token_ids(tmp_path) == (3, 9)
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "generation_config.json").write_text("{}")
+    assert eos_token_ids(tmp_path) == ()

@@ -1,0 +1,141 @@
+"""TorchExecutor: runs EngineCore's step plans on real models.
+
+Each model's weights and KV cache are views into the one DeviceArena; the block ids in
+a plan index those KV views directly. Token ids come from the live ``Request`` objects,
+block tables from KVMemory, both read through :meth:`TorchExecutor.bind`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+from shunter.engine.exec.batch import ForwardBatch, SequenceChunk
+from shunter.engine.exec.detok import IncrementalDetokenizer
+from shunter.engine.exec.model import Transformer
+from shunter.engine.exec.params import SamplingParams
+from shunter.engine.exec.sampling import request_generator, sample
+from shunter.engine.exec.stop import StopChecker
+from shunter.engine.interfaces import Executor
+from shunter.engine.plan import BatchEntry, StepPlan, StepResult
+from shunter.engine.request import Request
+
+
+@dataclass
+class ServedModel:
+    """A model as the executor runs it: forward pass, KV view, and what ends a request.
+
+    ``token_bytes`` is the tokenizer's byte table (``detok.token_bytes``).
+    """
+
+    model: Transformer
+    kv_cache: torch.Tensor
+    block_tokens: int
+    eos_token_ids: tuple[int, ...]
+    token_bytes: list[bytes]
+
+
+@dataclass
+class _Sequence:
+    params: SamplingParams
+    generator: torch.Generator | None
+    stop: StopChecker
+
+
+class TorchExecutor(Executor):
+    """Executes plans: block moves, then one forward pass per model, then sampling.
+
+    Register each model with :meth:`add_model`, connect the engine's requests and
+    block tables with :meth:`bind`, and give each request its sampling parameters
+    with :meth:`add_request` before it is scheduled. A request's text and finish
+    reason are readable (:meth:`output`) until a plan releases it.
+    """
+
+    def __init__(self) -> None:
+        self.models: dict[str, ServedModel] = {}
+        self._sequences: dict[str, _Sequence] = {}
+        self._requests: Mapping[str, Request] = {}
+        self._block_ids: Callable[[str], list[int]] | None = None
+
+    def add_model(self, name: str, served: ServedModel) -> None:
+        self.models[name] = served
+
+    def bind(self, requests: Mapping[str, Request], block_ids: Callable[[str], list[int]]) -> None:
+        """Where live requests (by id) and their device block tables are read from."""
+        self._requests = requests
+        self._block_ids = block_ids
+
+    def add_request(self, request_id: str, model: str, params: SamplingParams) -> None:
+        served = self.models[model]
+        detok = IncrementalDetokenizer(served.token_bytes)
+        self._sequences[request_id] = _Sequence(
+            params=params,
+            generator=request_generator(params, served.model.device),
+            stop=StopChecker(params, served.eos_token_ids, detok),
+        )
+
+    def output(self, request_id: str) -> tuple[str, str | None]:
+        """The request's text so far and its finish reason (None while running)."""
+        stop = self._sequences[request_id].stop
+        return stop.text, stop.finish_reason
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        t_start = time.perf_counter()
+        for request_id in plan.released:
+            self._sequences.pop(request_id, None)
+        for model, moves in plan.moves.items():
+            if moves:
+                kv = self.models[model].kv_cache
+                src = torch.tensor([m.src for m in moves], device=kv.device)
+                dst = torch.tensor([m.dst for m in moves], device=kv.device)
+                kv[dst] = kv[src]
+        result = StepResult(duration_s=0.0)
+        for model, served in self.models.items():
+            entries = [e for e in plan.batch if e.model == model]
+            if entries:
+                self._run(served, entries, result)
+        for served in self.models.values():
+            if served.model.device.type == "cuda":
+                torch.cuda.synchronize(served.model.device)
+        result.duration_s = time.perf_counter() - t_start
+        return result
+
+    def _run(self, served: ServedModel, entries: list[BatchEntry], result: StepResult) -> None:
+        if self._block_ids is None:
+            raise RuntimeError("TorchExecutor.bind() was not called")
+        chunks = []
+        for e in entries:
+            request = self._requests[e.request_id]
+            tokens = _token_ids(request)
+            start, end = e.num_computed_tokens, e.num_computed_tokens + e.num_tokens
+            chunks.append(
+                SequenceChunk(tokens[start:end], start, self._block_ids(e.request_id), e.samples)
+            )
+        batch = ForwardBatch.build(
+            chunks,
+            block_tokens=served.block_tokens,
+            device=served.model.device,
+            sliding_window=served.model.arch.sliding_window,
+        )
+        logits = served.model.forward(batch, served.kv_cache)
+        sampling = [self._sequences[e.request_id] for e in entries if e.samples]
+        tokens = sample(
+            logits,
+            [s.params for s in sampling],
+            [s.generator for s in sampling],
+            [s.stop.banned_tokens() for s in sampling],
+        )
+        sampled = [e.request_id for e in entries if e.samples]
+        for request_id, seq, token in zip(sampled, sampling, tokens, strict=True):
+            result.emitted[request_id] = token
+            if seq.stop.append(token) is not None:
+                result.stopped.add(request_id)
+
+
+def _token_ids(request: Request) -> list[int]:
+    if request.prompt_token_ids is None:
+        raise ValueError(f"request {request.id!r} has no prompt token ids")
+    return request.prompt_token_ids + request.output_token_ids

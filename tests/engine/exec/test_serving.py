@@ -1,0 +1,161 @@
+"""EngineCore serving real models: the tokens of transformers, whatever rotation happened."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from shunter.engine.config import EngineConfig, RotationConfig, SchedulerConfig
+from shunter.engine.exec.params import SamplingParams
+from shunter.engine.exec.serving import TorchEngine, model_specs
+from shunter.engine.plan import BlockMove, StepPlan
+from tests.engine.exec.conftest import CPU
+
+PAGE = 16 * 1024
+BLOCK_TOKENS = 4
+MODELS = ("tiny-llama", "tiny-qwen2")
+# Pages of weights at 16 KiB: two layers of 12 pages, plus embeddings and head.
+WEIGHT_PAGES = {"tiny-llama": 2 * 12 + 17, "tiny-qwen2": 2 * 12 + 9}
+NEW_TOKENS = 24
+
+
+def prompts(count: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(11)
+    return [torch.randint(4, 500, (5 + 3 * i,), generator=gen).tolist() for i in range(count)]
+
+
+@cache
+def hf_model(model_dir: Path) -> PreTrainedModel:
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+
+
+def hf_greedy(model_dir: Path, prompt: list[int]) -> list[int]:
+    with torch.no_grad():
+        out = hf_model(model_dir).generate(
+            torch.tensor([prompt]),
+            max_new_tokens=NEW_TOKENS,
+            min_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    return [int(t) for t in out[0, len(prompt) :]]
+
+
+def engine(
+    dirs: dict[str, Path],
+    *,
+    kv_pages: int,
+    rotation: RotationConfig | None = None,
+    names: tuple[str, ...] = MODELS,
+) -> TorchEngine:
+    models = {name: dirs[name] for name in names}
+    config = EngineConfig(
+        models=model_specs(models),
+        device_bytes=(sum(WEIGHT_PAGES[n] for n in names) + kv_pages) * PAGE,
+        host_swap_bytes=4 * 1024 * 1024,
+        page_bytes=PAGE,
+        block_tokens=BLOCK_TOKENS,
+        scheduler=SchedulerConfig(policy="lvf", max_batch_tokens=64),
+        rotation=rotation or RotationConfig(eager=False),
+        check_integrity=True,
+    )
+    return TorchEngine(models, config, device=CPU)
+
+
+def serve_all(eng: TorchEngine, work: list[tuple[str, list[int]]]) -> list[list[int]]:
+    # min_tokens bans EOS, as transformers' min_new_tokens does.
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS)
+    ids = [eng.add_request(model, prompt, params) for model, prompt in work]
+    outputs = eng.run()
+    assert set(outputs) == set(ids)
+    assert all(outputs[i].finish_reason == "length" for i in ids)
+    return [outputs[i].output_ids for i in ids]
+
+
+def workload(models: tuple[str, ...] = MODELS) -> list[tuple[str, list[int]]]:
+    return [(models[i % len(models)], p) for i, p in enumerate(prompts(8))]
+
+
+def test_greedy_tokens_through_the_engine_equal_transformers(tiny_dirs: dict[str, Path]) -> None:
+    work = workload()
+    outputs = serve_all(engine(tiny_dirs, kv_pages=64), work)
+    for (model, prompt), output in zip(work, outputs, strict=True):
+        assert output == hf_greedy(tiny_dirs[model], prompt), model
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_rotation_under_a_tight_budget_keeps_the_tokens(
+    model: str, tiny_dirs: dict[str, Path]
+) -> None:
+    work = workload((model,))
+    ample = serve_all(engine(tiny_dirs, kv_pages=64, names=(model,)), work)
+    # Three pages of 8 blocks for 8 requests of up to 13 blocks each: they take turns,
+    # and eager rotation copies every full block to host as soon as it is written.
+    tight = engine(
+        tiny_dirs,
+        kv_pages=3,
+        rotation=RotationConfig(budget_blocks=64, watermark=0),
+        names=(model,),
+    )
+    assert serve_all(tight, work) == ample
+    totals = tight.totals
+    assert totals.preemptions > 0
+    assert totals.blocks_swapped_out > 0 and totals.blocks_swapped_in > 0
+    assert totals.blocks_rotated > 0
+
+
+def test_seeded_sampling_does_not_depend_on_the_other_requests(
+    tiny_dirs: dict[str, Path],
+) -> None:
+    params = SamplingParams(temperature=0.8, top_p=0.9, seed=5, max_tokens=12, ignore_eos=True)
+    prompt = prompts(3)[2]
+    alone = engine(tiny_dirs, kv_pages=64)
+    rid = alone.add_request("tiny-llama", prompt, params)
+    expected = alone.run()[rid].output_ids
+    crowded = engine(tiny_dirs, kv_pages=64)
+    for p in prompts(5):
+        crowded.add_request("tiny-llama", p, SamplingParams(temperature=1.0, max_tokens=9))
+    rid = crowded.add_request("tiny-llama", prompt, params)
+    assert crowded.run()[rid].output_ids == expected
+
+
+def test_stop_strings_end_requests_with_their_text_cut(tiny_dirs: dict[str, Path]) -> None:
+    eng = engine(tiny_dirs, kv_pages=64)
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS)
+    probe = eng.add_request("tiny-llama", prompts(1)[0], params)
+    full = eng.run()[probe].text
+    stop = full[len(full) // 2 : len(full) // 2 + 2]
+    assert stop
+    rid = eng.add_request(
+        "tiny-llama",
+        prompts(1)[0],
+        SamplingParams(temperature=0, max_tokens=NEW_TOKENS, stop=(stop,)),
+    )
+    out = eng.run()[rid]
+    assert out.finish_reason == "stop"
+    assert out.text == full[: full.index(stop)]
+    assert len(out.output_ids) < NEW_TOKENS
+
+
+def test_config_must_match_the_model_directories(tiny_dirs: dict[str, Path]) -> None:
+    models = {"tiny-llama": tiny_dirs["tiny-llama"]}
+    config = EngineConfig(
+        models=model_specs(models, torch.bfloat16),
+        device_bytes=64 * PAGE,
+        host_swap_bytes=0,
+        page_bytes=PAGE,
+    )
+    with pytest.raises(ValueError, match="model_specs"):
+        TorchEngine(models, config, device=CPU)
+
+
+def test_block_moves_happen_before_the_step_reads_kv(tiny_dirs: dict[str, Path]) -> None:
+    eng = engine(tiny_dirs, kv_pages=4, names=("tiny-llama",))
+    kv = eng.executor.models["tiny-llama"].kv_cache
+    kv[3].fill_(7.0)
+    eng.executor.execute(StepPlan(step=0, moves={"tiny-llama": [BlockMove(3, 9)]}))
+    assert kv[9].unique().tolist() == [7.0]

@@ -1,0 +1,54 @@
+"""Batched whole-block copies between the device KV and the host swap space."""
+
+from __future__ import annotations
+
+import torch
+
+from shunter.engine.exec.transfers import BlockingTransfers, host_swap_space
+from shunter.engine.plan import BlockCopy, StepPlan
+
+SHAPE = (2, 2, 4, 1, 8)  # layers, k|v, block tokens, kv heads, head dim
+
+
+def numbered(num_blocks: int) -> torch.Tensor:
+    """Blocks whose every value is the block's id."""
+    return (
+        torch.arange(num_blocks, dtype=torch.float32)
+        .view(-1, 1, 1, 1, 1, 1)
+        .expand(num_blocks, *SHAPE)
+        .contiguous()
+    )
+
+
+def test_host_swap_holds_as_many_blocks_as_the_budget() -> None:
+    block_bytes = 2 * 2 * 4 * 1 * 8 * 4
+    host = host_swap_space(10 * block_bytes + 5, SHAPE, torch.float32, pin=False)
+    assert host.shape == (10, *SHAPE)
+    assert host.abs().sum() == 0
+
+
+def test_d2h_then_h2d_copy_whole_blocks_and_report_the_step() -> None:
+    device = numbered(6)
+    host = torch.zeros(4, *SHAPE)
+    transfers = BlockingTransfers({"m": device}, {"m": host})
+    out = StepPlan(step=3, swap_out={"m": [BlockCopy(4, 0)]}, rotate={"m": [BlockCopy(1, 2)]})
+    transfers.submit(out)
+    assert host[0].unique().tolist() == [4.0] and host[2].unique().tolist() == [1.0]
+    assert host[1].abs().sum() == 0 and host[3].abs().sum() == 0
+    # The same step frees block 4 to host and refills it from host block 2: D2H first.
+    both = StepPlan(step=4, swap_out={"m": [BlockCopy(4, 3)]}, swap_in={"m": [BlockCopy(4, 2)]})
+    transfers.submit(both)
+    assert host[3].unique().tolist() == [4.0]
+    assert device[4].unique().tolist() == [1.0]
+    assert device[5].unique().tolist() == [5.0]
+    assert transfers.poll(0.0) == [3, 4]
+    assert transfers.poll(1.0) == []
+
+
+def test_models_copy_into_their_own_host_space() -> None:
+    a, b = numbered(3), numbered(3) + 10
+    host_a, host_b = torch.zeros(2, *SHAPE), torch.zeros(2, *SHAPE)
+    transfers = BlockingTransfers({"a": a, "b": b}, {"a": host_a, "b": host_b})
+    transfers.submit(StepPlan(step=0, swap_out={"a": [BlockCopy(2, 0)], "b": [BlockCopy(1, 0)]}))
+    assert host_a[0].unique().tolist() == [2.0]
+    assert host_b[0].unique().tolist() == [11.0]
