@@ -63,10 +63,11 @@ class ModelWeights:
 
 @dataclass
 class LoadedModel:
-    """A model ready to run: its architecture, the host copy and the device copy."""
+    """A model ready to run on its own: architecture, host copy and device copy.
 
-    name: str
-    path: Path
+    (The engine instead places the device copy in its arena: ``DeviceArena``.)
+    """
+
     arch: ArchConfig
     dtype: torch.dtype
     host: ModelWeights
@@ -78,7 +79,6 @@ def load_model(
     *,
     device: torch.device,
     dtype: torch.dtype | None = None,
-    name: str | None = None,
 ) -> LoadedModel:
     """Load a Llama / Qwen2 / Mistral directory onto ``device``.
 
@@ -89,8 +89,6 @@ def load_model(
     dtype = dtype or TORCH_DTYPES[arch.dtype]
     host = load_host_weights(path, arch, dtype=dtype, pin=device.type == "cuda")
     return LoadedModel(
-        name=name or path.name,
-        path=path,
         arch=arch,
         dtype=dtype,
         host=host,

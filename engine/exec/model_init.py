@@ -23,10 +23,9 @@ import torch
 from safetensors.torch import save_file
 
 from shunter.engine.exec.hf_config import ArchConfig
+from shunter.engine.exec.loader import TORCH_DTYPES
 from shunter.engine.exec.presets import DEFAULT_SHARD_BYTES, PRESETS
 from shunter.engine.exec.tokenizer_init import write_tokenizer
-
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def init_model_dir(

@@ -10,6 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from shunter.engine.exec.batch import ForwardBatch, SequenceChunk
+from shunter.engine.exec.loader import load_model
 from shunter.engine.exec.model import Transformer
 from tests.engine.exec.conftest import TINY, greedy_generate, new_cache, transformer
 
@@ -149,3 +150,25 @@ def test_forward_rejects_a_cache_of_another_shape(tiny_dirs: dict[str, Path]) ->
     )
     with pytest.raises(ValueError, match="does not fit"):
         model.forward(batch, torch.zeros(2, 3, 2, 4, 2, 16))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", TINY)
+def test_bf16_logits_on_cuda_match_transformers(name: str, tiny_dirs: dict[str, Path]) -> None:
+    loaded = load_model(tiny_dirs[name], device=torch.device("cuda"), dtype=torch.bfloat16)
+    model = Transformer(loaded.arch, loaded.weights)
+    ids = prompt(40)
+    expected = hf_logits(tiny_dirs[name], ids)
+    cache_ = new_cache(model, 12, 4)
+    table = list(range(12))[::-1]
+    for start, end in ((0, 25), (25, 40)):
+        batch = ForwardBatch.build(
+            [SequenceChunk(ids[start:end], start, table, samples=True)],
+            block_tokens=4,
+            device=model.device,
+            sliding_window=model.arch.sliding_window,
+        )
+        logits = model.forward(batch, cache_)[0].cpu()
+        # bf16 keeps 8 bits of mantissa: compare at about its resolution.
+        torch.testing.assert_close(logits, expected[end - 1], atol=0.1, rtol=0.05)
