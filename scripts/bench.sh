@@ -5,3 +5,6 @@ cd "$(dirname "$0")/.."
 
 echo "== scheduler: median step planning time, LVF vs FCFS"
 "${VENV:-.venv}/bin/shunter" bench scheduler
+
+echo "== simulator: simulated seconds per wall second (SIMULATED workload)"
+"${VENV:-.venv}/bin/shunter" bench simulator
