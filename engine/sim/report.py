@@ -76,10 +76,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
 
 
 def _cell(fmt: str, value: Any) -> str:
-    if value is None:
-        width = len(fmt.format(0)) if "d}" in fmt else len(fmt.format(0.0))
-        return "-".rjust(width)
-    return fmt.format(value)
+    return "-" if value is None else fmt.format(value)
 
 
 def format_table(rows: Sequence[Row], title: str) -> str:
