@@ -51,6 +51,7 @@ def engine(
     kv_pages: int,
     rotation: RotationConfig | None = None,
     names: tuple[str, ...] = MODELS,
+    max_batch_tokens: int = 64,
 ) -> TorchEngine:
     models = {name: dirs[name] for name in names}
     config = EngineConfig(
@@ -59,7 +60,7 @@ def engine(
         host_swap_bytes=4 * 1024 * 1024,
         page_bytes=PAGE,
         block_tokens=BLOCK_TOKENS,
-        scheduler=SchedulerConfig(policy="lvf", max_batch_tokens=64),
+        scheduler=SchedulerConfig(policy="lvf", max_batch_tokens=max_batch_tokens),
         rotation=rotation or RotationConfig(eager=False),
         check_integrity=True,
     )
@@ -80,9 +81,12 @@ def workload(models: tuple[str, ...] = MODELS) -> list[tuple[str, list[int]]]:
     return [(models[i % len(models)], p) for i, p in enumerate(prompts(8))]
 
 
-def test_greedy_tokens_through_the_engine_equal_transformers(tiny_dirs: dict[str, Path]) -> None:
+@pytest.mark.parametrize("max_batch_tokens", [64, 7], ids=["whole", "chunked"])
+def test_greedy_tokens_through_the_engine_equal_transformers(
+    max_batch_tokens: int, tiny_dirs: dict[str, Path]
+) -> None:
     work = workload()
-    outputs = serve_all(engine(tiny_dirs, kv_pages=64), work)
+    outputs = serve_all(engine(tiny_dirs, kv_pages=64, max_batch_tokens=max_batch_tokens), work)
     for (model, prompt), output in zip(work, outputs, strict=True):
         assert output == hf_greedy(tiny_dirs[model], prompt), model
 
