@@ -49,6 +49,9 @@ class InFlight:
             table.num_host_valid = max(table.num_host_valid, end)
         return self._device_frees.pop(step, {}), self._host_frees.pop(step, {})
 
+    def num_deferred_devices(self, model: str) -> int:
+        return sum(len(frees.get(model, ())) for frees in self._device_frees.values())
+
     def deferred(self) -> tuple[Frees, Frees]:
         """All deferred (device, host) frees per model, for integrity checks."""
         devices: Frees = {}

@@ -29,6 +29,11 @@ from shunter.engine.request import Request, RequestState
 class KVMemory:
     """Device and host KV of every model of one engine.
 
+    The arena holds every model's weights; the pages left are shared out equally, each
+    model's share a KV slab of that model. A pool also grows into pages freed later.
+    (Moving KV capacity between models as their load changes is the tenancy layer's
+    job: ``compact`` gives pages back, and a pool claims free pages when it runs out.)
+
     Verbs (each ``can_x`` answers whether ``x`` succeeds now):
       - ``allocate``: a WAITING request gets device blocks for all its tokens.
       - ``append``: a RUNNING request gets blocks for ``n`` more computed tokens.
@@ -53,6 +58,9 @@ class KVMemory:
             block_bytes = spec.block_bytes(config.block_tokens)
             self._pools[spec.name] = BlockPool(self.arena, spec.name, block_bytes)
             self.host.register(spec.name, block_bytes)
+        share = self.arena.num_free_pages // len(config.models)
+        for pool in self._pools.values():
+            pool.claim(share // pool.pages_per_chunk)
         self._tables: dict[str, BlockTable] = {}
         self._unrotated: dict[str, BlockTable] = {}  # SYNCED blocks without a host copy
         self._inflight = InFlight()
@@ -67,6 +75,10 @@ class KVMemory:
 
     def num_total_blocks(self, model: str) -> int:
         return self._pools[model].num_total
+
+    def num_incoming_blocks(self, model: str) -> int:
+        """Device blocks already released that become free when their copies complete."""
+        return self._inflight.num_deferred_devices(model)
 
     def usage(self, model: str) -> float:
         """Share of the model's device KV capacity in use (1.0 when it has none)."""

@@ -86,7 +86,7 @@ class BlockPool:
     def allocate(self, n: int) -> list[int]:
         """``n`` free blocks. Raises MemoryError if there are fewer."""
         if len(self._free) < n:
-            self._claim(-(-(n - len(self._free)) // self.blocks_per_chunk))
+            self.claim(-(-(n - len(self._free)) // self.blocks_per_chunk))
         if n <= 0:
             return []
         free = self._free
@@ -109,7 +109,7 @@ class BlockPool:
         self._free.extend(blocks)
 
     # -- chunks and the arena ---------------------------------------------------------
-    def _claim(self, num_chunks: int) -> None:
+    def claim(self, num_chunks: int) -> None:
         """Make the lowest ``num_chunks`` fully free chunks of the arena KV slabs of this
         model."""
         claimable = self._fresh_claimable()

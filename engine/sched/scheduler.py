@@ -22,7 +22,8 @@ class Scheduler:
 
     Step order (``schedule``):
       1. Decode first: each running request in decode gets a block for its next token;
-         when none is free the latest arrival is preempted (passive preemption).
+         when none is free it waits for blocks already being released, or else the
+         latest arrival is preempted (passive preemption).
       2. For each model, the policy's decision: preemptions are applied now.
       3. Batch: decodes, then prefill chunks of running requests, within
          ``max_batch_tokens``.
@@ -89,7 +90,7 @@ class Scheduler:
         self.memory.begin_step(plan)
         for q in self.queues.values():
             q.land(self.memory.has_landed)
-        decodes = [r for q in self.queues.values() for r in self._reserve_decodes(q, plan)]
+        decodes = [r for m, q in self.queues.items() for r in self._reserve_decodes(m, q, plan)]
         decisions = {model: self._decide(model, q, plan, now) for model, q in self.queues.items()}
 
         tokens = self.config.max_batch_tokens
@@ -135,15 +136,25 @@ class Scheduler:
         return finished
 
     # -- parts ---------------------------------------------------------------------------
-    def _reserve_decodes(self, q: RequestQueues, plan: StepPlan) -> list[Request]:
+    def _reserve_decodes(self, model: str, q: RequestQueues, plan: StepPlan) -> list[Request]:
+        """Blocks for the next token of each decoding request, oldest first.
+
+        Out of blocks, a request waits for blocks already on their way (released by a
+        preemption whose copies are in flight); if none are, the latest arrival is
+        preempted (vLLM's passive preemption), possibly the request itself.
+        """
         reserved = []
+        incoming = self.memory.num_incoming_blocks(model)
         for r in list(q.running.values()):
             if r.state is not RUNNING or r.is_prefill:
                 continue
             while not self.memory.can_append(r, 1):
-                # vLLM's passive preemption: the latest arrival makes room.
+                if incoming > 0:
+                    incoming -= 1
+                    break
                 victim = max(q.running.values(), key=lambda v: v.t_arr)
                 self._preempt(victim, q, plan)
+                incoming = self.memory.num_incoming_blocks(model)
                 if victim is r:
                     break
             else:

@@ -1,0 +1,19 @@
+"""The scheduler benchmark runs the real step loop and reports what it timed."""
+
+from __future__ import annotations
+
+from shunter.engine.bench import bench_policy, bench_scheduler
+
+
+def test_bench_policy_times_planning_under_contention() -> None:
+    result = bench_policy("lvf", 64, steps=5, warmup=5)
+    assert result.policy == "lvf" and result.num_live == 64 and result.steps == 5
+    assert 0.0 < result.median_s < 1.0
+
+
+def test_bench_scheduler_prints_one_row_per_size_with_the_ratio() -> None:
+    lines = bench_scheduler((16,), steps=3)
+    assert lines[0].split() == ["live", "lvf", "ms", "fcfs", "ms", "lvf/fcfs"]
+    live, lvf_ms, fcfs_ms, ratio = lines[1].split()
+    assert live == "16"
+    assert abs(float(lvf_ms) / float(fcfs_ms) - float(ratio)) < 0.05 * float(ratio) + 0.01
