@@ -1,0 +1,181 @@
+"""The remapping controller (Oneiros §5, Algorithm 1): how many layers each model hands
+to the KV cache this step.
+
+Every step it weighs the KV the executing models need against the KV free for them:
+
+- **When**: a deficit is covered from the capacity sources in the configured order
+  (default: free pages, inactive models' layers, rotation, active models' layers).
+  **Dynamic reversion**: when the surplus exceeds every reclaimed byte plus a headroom
+  (hysteresis), every remapped layer is restored, the model most likely to run next
+  first.
+- **Which model**: inactive models first, lowest priority first, the most recently
+  active among equals (its reload is furthest away); active models only once every
+  inactive one is at its cap.
+- **How many**: up to the cap, the configured share of layers and the most whose
+  copies T_T the model's compute hides (``layers.max_alpha``): a decode step for an
+  active model, a prefill for an inactive one. Never the whole model. A model above
+  its cap (it became active, or its batch shrank) gives the excess back as soon as
+  memory allows.
+
+Which layers, and the frames they move between, are ``layers.select`` and
+``frames.transition``: the controller only decides counts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from shunter.engine.remap.layers import max_alpha
+
+SOURCES = ("free", "inactive", "rotation", "active")
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """What the metadata store knows about one model at a step.
+
+    ``frame_bytes`` is the memory one remapped layer gives the KV cache; ``alpha`` the
+    layers remapped now; ``t_last_active`` when it last executed (for MRU order);
+    ``t_transfer``, ``t_decode`` and ``t_prefill`` as in ``timing.LayerTiming``.
+    """
+
+    name: str
+    num_layers: int
+    frame_bytes: int
+    priority: int
+    active: bool
+    t_last_active: float
+    alpha: int
+    t_transfer: float
+    t_decode: float
+    t_prefill: float
+
+    @property
+    def t_compute(self) -> float:
+        """The compute that must hide the model's layer copies in its current role."""
+        return self.t_decode if self.active else self.t_prefill
+
+
+@dataclass(frozen=True)
+class Pressure:
+    """KV bytes at a step: ``demand`` the executing models need, ``free`` is free for
+    them, ``rotation`` what rotating requests out may free (0 without rotation)."""
+
+    demand: int
+    free: int
+    rotation: int = 0
+
+
+@dataclass(frozen=True)
+class RemapDecision:
+    """Remapped layers wanted per model, for the models that change, in the order to
+    apply them: restores (most likely to run next first) before reclaims (cheapest
+    first). ``reverting`` is set when dynamic reversion restores everything."""
+
+    targets: dict[str, int]
+    reverting: bool = False
+
+
+class RemapController:
+    """Decides remapped layer counts from ModelStates and the step's Pressure.
+
+    ``cap_fraction`` bounds each model's remapped share of layers; ``headroom`` (bytes)
+    is the hysteresis of dynamic reversion; ``order`` lists the capacity sources,
+    ``"free"`` first (omit one to never use it).
+    """
+
+    def __init__(
+        self, *, cap_fraction: float, headroom: int, order: Sequence[str] = SOURCES
+    ) -> None:
+        if not 0 <= cap_fraction < 1:
+            raise ValueError("cap_fraction must be in [0, 1)")
+        if headroom < 0:
+            raise ValueError("headroom must be >= 0")
+        check_order(order)
+        self.cap_fraction = cap_fraction
+        self.headroom = headroom
+        self.order = tuple(order)
+
+    def cap(self, m: ModelState) -> int:
+        """The most layers ``m`` may have remapped in its current role."""
+        share = math.floor(self.cap_fraction * m.num_layers)
+        return max_alpha(m.num_layers, m.t_transfer, m.t_compute / m.num_layers, share)
+
+    def plan(
+        self, models: Sequence[ModelState], pressure: Pressure, run_next: Sequence[str]
+    ) -> RemapDecision:
+        """This step's targets. ``run_next`` ranks models by how soon they will run
+        (tenancy's order); it decides whose layers come back first."""
+        rank = {name: i for i, name in enumerate(run_next)}
+        by_next = sorted(models, key=lambda m: (rank.get(m.name, len(rank)), m.name))
+        caps = {m.name: self.cap(m) for m in models}
+        targets: dict[str, int] = {}
+        balance = pressure.free - pressure.demand
+
+        trims = [m for m in by_next if m.alpha > caps[m.name]]
+        for m in trims:
+            targets[m.name] = caps[m.name]
+            balance -= (m.alpha - caps[m.name]) * m.frame_bytes
+        if balance < 0:
+            balance = self._reclaim(models, caps, set(targets), pressure, balance, targets)
+            # Trims memory cannot pay for wait, the model least likely to run next first.
+            for m in reversed(trims):
+                if balance >= 0:
+                    break
+                del targets[m.name]
+                balance += (m.alpha - caps[m.name]) * m.frame_bytes
+            return RemapDecision(_restores_first(targets, models))
+
+        reclaimed = sum(targets.get(m.name, m.alpha) * m.frame_bytes for m in models)
+        if reclaimed and balance > reclaimed + self.headroom:
+            return RemapDecision({m.name: 0 for m in by_next if m.alpha}, reverting=True)
+        return RemapDecision(targets)
+
+    def _reclaim(
+        self,
+        models: Sequence[ModelState],
+        caps: dict[str, int],
+        skip: set[str],
+        pressure: Pressure,
+        balance: int,
+        targets: dict[str, int],
+    ) -> int:
+        """Cover ``-balance`` bytes from the sources in order; return the new balance."""
+        for source in self.order[1:]:
+            if balance >= 0:
+                break
+            if source == "rotation":
+                balance += pressure.rotation
+                continue
+            active = source == "active"
+            candidates = [m for m in models if m.active == active and m.name not in skip]
+            # Lowest priority first; among equals the most recently active (MRU).
+            candidates.sort(key=lambda m: (m.priority, -m.t_last_active, m.name))
+            for m in candidates:
+                room = caps[m.name] - m.alpha
+                if room <= 0:
+                    continue
+                need = -balance
+                k = min(room, -(-need // m.frame_bytes))
+                targets[m.name] = m.alpha + k
+                balance += k * m.frame_bytes
+                if balance >= 0:
+                    break
+        return balance
+
+
+def check_order(order: Sequence[str]) -> None:
+    """Raise ValueError unless ``order`` names distinct sources, ``"free"`` first."""
+    if not order or order[0] != "free":
+        raise ValueError(f"capacity order must start with 'free': {list(order)}")
+    unknown = [s for s in order if s not in SOURCES]
+    if unknown or len(set(order)) != len(order):
+        raise ValueError(f"capacity order takes distinct names of {SOURCES}: {list(order)}")
+
+
+def _restores_first(targets: dict[str, int], models: Sequence[ModelState]) -> dict[str, int]:
+    alpha = {m.name: m.alpha for m in models}
+    restores = {k: v for k, v in targets.items() if v < alpha[k]}
+    return restores | {k: v for k, v in targets.items() if v >= alpha[k]}

@@ -1,0 +1,58 @@
+"""T_T and T_compute per model: what bounds how many layers can be remapped (§5.3).
+
+T_T, the time to copy one layer host-to-device, depends only on the layer's size and
+the link, so it is profiled once. T_compute changes with the batch: for an active model
+it is the time of a decode step, for an inactive one the time of a prefill (what it runs
+first when it becomes active). Both start from a prior and follow the forward passes the
+executor reports, as exponentially weighted averages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class LayerTiming:
+    """One model's timings in seconds: ``t_transfer`` copies one layer host-to-device,
+    ``t_decode`` is a decode step's forward pass, ``t_prefill`` a prefill step's."""
+
+    t_transfer: float
+    t_decode: float
+    t_prefill: float
+
+    def __post_init__(self) -> None:
+        if min(self.t_transfer, self.t_decode, self.t_prefill) <= 0:
+            raise ValueError(f"timings must be positive: {self}")
+
+
+class ComputeTimes:
+    """Measured forward times per model, starting at ``priors``.
+
+    ``observe(model, seconds, prefill)`` folds one forward pass in with weight
+    ``weight``: passes with prefill tokens update the prefill estimate, the others the
+    decode estimate. ``seconds`` must be compute only, without waits for weights: a
+    stall must not make room for more remapping.
+    """
+
+    def __init__(self, priors: dict[str, LayerTiming], weight: float = 0.2) -> None:
+        if not 0 < weight <= 1:
+            raise ValueError("weight must be in (0, 1]")
+        self.weight = weight
+        self._t: dict[str, LayerTiming] = dict(priors)
+
+    def __getitem__(self, model: str) -> LayerTiming:
+        return self._t[model]
+
+    def observe(self, model: str, seconds: float, *, prefill: bool) -> None:
+        if seconds <= 0:
+            return
+        t, w = self._t[model], self.weight
+        if prefill:
+            self._t[model] = LayerTiming(
+                t.t_transfer, t.t_decode, (1 - w) * t.t_prefill + w * seconds
+            )
+        else:
+            self._t[model] = LayerTiming(
+                t.t_transfer, (1 - w) * t.t_decode + w * seconds, t.t_prefill
+            )
