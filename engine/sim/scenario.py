@@ -1,0 +1,112 @@
+"""The paper's multi-tenant scenarios (Oneiros Table 1) and the variants compared on them.
+
+- ``c1``: OPT-13B 35%, Llama-2-13B 35%, Llama-3-8B 20% of GPU memory;
+- ``c2``: OPT-30B 65%, OPT-6.7B 15%;
+
+on a GH200 with 96 GB of HBM3, the paper's testbed (§7.1). Each model's share of GPU
+memory less its weights is its KV floor, kept for it alone as the separate vLLM
+instances of the paper's setup keep theirs; the arena is the sum of the shares, and the
+pages remapping frees go to whichever model needs them.
+
+Sharing modes shape the load as well as the scheduling:
+
+- ``spatial``: every model receives requests all the time;
+- ``temporal``: the models take turns, like the agents of a workflow handing over:
+  model i receives requests only in the i-th window of each cycle and is idle outside it.
+
+Variants: ``none`` (vLLM-like: FCFS, passive preemption, no remapping), ``oneiros``
+(FCFS with remapping), ``rotasched`` (LVF rotation, no remapping), ``combined`` (LVF
+and remapping, memory taken in the capacity order).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shunter.engine.config import ModelSpec
+from shunter.engine.sim.catalog import get_model
+from shunter.engine.sim.mix import ModelLoad, OnOff
+
+SHARING = ("temporal", "spatial")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A compared configuration: the scheduling ``policy`` and whether layers remap."""
+
+    name: str
+    policy: str
+    remap: bool
+
+
+VARIANTS: dict[str, Variant] = {
+    v.name: v
+    for v in (
+        Variant("none", "fcfs", remap=False),
+        Variant("oneiros", "fcfs", remap=True),
+        Variant("rotasched", "lvf", remap=False),
+        Variant("combined", "lvf", remap=True),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Models with their shares of GPU memory, on ``hardware``."""
+
+    name: str
+    shares: tuple[tuple[str, float], ...]
+    hardware: str = "gh200-96g"
+
+    @property
+    def models(self) -> tuple[ModelSpec, ...]:
+        return tuple(get_model(name) for name, _ in self.shares)
+
+    @property
+    def memory_fraction(self) -> float:
+        """The share of GPU memory the engine's arena takes."""
+        return sum(share for _, share in self.shares)
+
+    def kv_floors(self, hbm_bytes: float) -> dict[str, int]:
+        """Each model's KV floor in bytes: its share of ``hbm_bytes`` less its weights."""
+        floors = {}
+        for spec, (name, share) in zip(self.models, self.shares, strict=True):
+            floor = int(share * hbm_bytes) - spec.param_bytes
+            if floor <= 0:
+                raise ValueError(f"{self.name}: {name}'s share does not hold its weights")
+            floors[name] = floor
+        return floors
+
+    def loads(self, sharing: str, rate: float, *, window_s: float, cv: float) -> list[ModelLoad]:
+        """Each model at ``rate`` requests per second while it receives any: always
+        (spatial), or in its own ``window_s`` of every cycle (temporal)."""
+        if sharing not in SHARING:
+            raise ValueError(f"sharing must be one of {SHARING}")
+        n = len(self.shares)
+        return [
+            ModelLoad(
+                name,
+                rate,
+                cv=cv,
+                schedule=None
+                if sharing == "spatial"
+                else OnOff(n * window_s, window_s, i * window_s),
+            )
+            for i, (name, _) in enumerate(self.shares)
+        ]
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario("c1", (("opt-13b", 0.35), ("llama-2-13b", 0.35), ("llama-3-8b", 0.20))),
+        Scenario("c2", (("opt-30b", 0.65), ("opt-6.7b", 0.15))),
+    )
+}
+
+
+def get_scenario(name: str) -> Scenario:
+    try:
+        return SCENARIOS[name]
+    except KeyError:
+        raise ValueError(f"unknown scenario {name!r}: choose one of {sorted(SCENARIOS)}") from None

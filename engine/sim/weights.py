@@ -1,0 +1,115 @@
+"""Per-layer weight residency on the virtual clock: when each layer of a forward pass can
+run, given the layers streamed through slots and the one-time loads of restored layers.
+
+A resident layer runs as soon as the layer before it is done. A streamed layer runs
+once its host-to-device copy into its slot has landed; the copy starts when the copy
+stream is free and the slot's previous occupant has run (one slot: the previous
+streamed layer; two slots: the one before it). A layer that is neither resident nor
+copied in time makes the pass wait: a *stall*, recorded with its length.
+
+The pipeline is circular (Oneiros §5.4): right after a pass, the first streamed layers
+of the next pass are copied into the slots as they free up, during whatever comes
+between the two passes. A changed layout starts over with empty slots.
+
+All models' weight copies share one host-to-device copy stream, in issue order. They
+are assumed not to contend with the KV transfer streams: the simulator's KV copies and
+weight copies each see the link's full one-direction bandwidth (an optimistic
+simplification where both run at once).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class PassTiming:
+    """One forward pass: ``end`` time, ``stall_s`` spent waiting for weights,
+    ``num_stalls`` layers that waited, ``copied_bytes`` of weights issued during it."""
+
+    end: float
+    stall_s: float
+    num_stalls: int
+    copied_bytes: int
+
+
+@dataclass
+class _Pipeline:
+    layout: tuple[tuple[int, ...], int] = ((), 0)
+    ahead: dict[int, float] = field(default_factory=dict)  # position -> copy landed
+    slot_free: list[float] = field(default_factory=list)  # when each slot's occupant ran
+
+
+class WeightStreams:
+    """Weight copies of every model on one stream, and the layer waits they cause.
+
+    ``t_transfer[m]`` is the time to copy one layer of model m host-to-device and
+    ``layer_bytes[m]`` its size.
+    """
+
+    def __init__(self, t_transfer: Mapping[str, float], layer_bytes: Mapping[str, int]) -> None:
+        self.t_transfer = dict(t_transfer)
+        self.layer_bytes = dict(layer_bytes)
+        self.free_at = 0.0
+        self._pipelines: dict[str, _Pipeline] = {}
+
+    def _copy(self, model: str, not_before: float) -> float:
+        start = max(self.free_at, not_before)
+        self.free_at = start + self.t_transfer[model]
+        return self.free_at
+
+    def run_pass(
+        self,
+        model: str,
+        start: float,
+        *,
+        num_layers: int,
+        t_layer: float,
+        t_head: float,
+        streamed: Sequence[int] = (),
+        num_slots: int = 0,
+        loads: Sequence[int] = (),
+    ) -> PassTiming:
+        """Time one forward pass of ``model`` starting at ``start``: ``num_layers`` layers
+        of ``t_layer`` seconds each, then the output head. ``streamed`` layers (in
+        order) take turns in ``num_slots`` slots; ``loads`` are resident layers that
+        must first be copied in (restored after remapping)."""
+        pipe = self._pipelines.setdefault(model, _Pipeline())
+        if pipe.layout != (tuple(streamed), num_slots):
+            pipe.layout = (tuple(streamed), num_slots)
+            pipe.ahead = {}
+            pipe.slot_free = [start] * num_slots
+        layer_bytes = self.layer_bytes[model]
+        copied = 0
+        landed_at: dict[int, float] = {}
+        for layer in sorted(loads):
+            landed_at[layer] = self._copy(model, start)
+            copied += layer_bytes
+        position_of = {layer: i for i, layer in enumerate(streamed)}
+        t, done, stall, num_stalls = start, 0, 0.0, 0
+        for layer in sorted({*landed_at, *streamed}):
+            t += (layer - done) * t_layer  # the layers before it, all resident
+            position = position_of.get(layer)
+            if position is not None:
+                landed = pipe.ahead.pop(position, None)
+                if landed is None:
+                    # The copy stream is in position order, so issuing it now is issuing
+                    # it when the slot freed (its previous occupant ran earlier).
+                    landed = self._copy(model, pipe.slot_free[position % num_slots])
+                    copied += layer_bytes
+            else:
+                landed = landed_at[layer]
+            if landed > t:
+                stall += landed - t
+                num_stalls += 1
+                t = landed
+            t += t_layer
+            done = layer + 1
+            if position is not None:
+                pipe.slot_free[position % num_slots] = t
+        end = t + (num_layers - done) * t_layer + t_head
+        for position in range(min(num_slots, len(streamed))):
+            pipe.ahead[position] = self._copy(model, pipe.slot_free[position])
+            copied += layer_bytes
+        return PassTiming(end, stall, num_stalls, copied)

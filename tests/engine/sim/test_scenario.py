@@ -1,0 +1,47 @@
+"""The paper's scenarios: Table 1's memory shares, KV floors and the two load shapes."""
+
+from __future__ import annotations
+
+import pytest
+
+from shunter.engine.sim.hardware import GB, gh200_96g
+from shunter.engine.sim.scenario import SCENARIOS, VARIANTS, get_scenario
+from shunter.engine.sim.switch import SwitchCosts
+
+
+def test_table_1_shares_and_floors() -> None:
+    c1, c2 = SCENARIOS["c1"], SCENARIOS["c2"]
+    assert [m.name for m in c1.models] == ["opt-13b", "llama-2-13b", "llama-3-8b"]
+    assert c1.memory_fraction == pytest.approx(0.90)
+    assert c2.memory_fraction == pytest.approx(0.80)
+    floors = c2.kv_floors(gh200_96g.hbm_bytes)
+    # OPT-30B's 65% of 96 GB holds its 60 GB of weights and 2.5 GB of KV.
+    assert floors["opt-30b"] == pytest.approx(2.49 * GB, rel=0.01)
+    assert all(v > 0 for v in c1.kv_floors(gh200_96g.hbm_bytes).values())
+
+
+def test_temporal_models_take_windows_in_turn_spatial_ones_are_always_on() -> None:
+    c1 = get_scenario("c1")
+    temporal = c1.loads("temporal", 4.0, window_s=30.0, cv=1.0)
+    assert [load.schedule.phase_s for load in temporal if load.schedule] == [0.0, 30.0, 60.0]
+    assert all(load.schedule and load.schedule.period_s == 90.0 for load in temporal)
+    assert all(load.schedule is None for load in c1.loads("spatial", 4.0, window_s=30, cv=1))
+    with pytest.raises(ValueError, match="sharing"):
+        c1.loads("both", 4.0, window_s=30.0, cv=1.0)
+    with pytest.raises(ValueError, match="unknown scenario"):
+        get_scenario("c9")
+
+
+def test_variants_cross_policy_with_remapping() -> None:
+    assert {(v.policy, v.remap) for v in VARIANTS.values()} == {
+        ("fcfs", False), ("fcfs", True), ("lvf", False), ("lvf", True),
+    }  # fmt: skip
+
+
+def test_switches_cost_only_between_temporal_models() -> None:
+    costs = SwitchCosts(["t1", "t2"], switch_s=0.5)
+    assert costs.charge(["t1"]) == 0.0  # the first turn is no switch
+    assert costs.charge(["s", "t1"]) == 0.0
+    assert costs.charge(["t2"]) == 0.5
+    assert costs.charge(["s"]) == 0.0 and costs.charge(["t2"]) == 0.0
+    assert costs.num_switches == 1
