@@ -1,7 +1,8 @@
 """Per-layer weight residency on the virtual clock: when each layer of a forward pass can
 run, given the layers streamed through slots and the one-time loads of restored layers.
 
-A resident layer runs as soon as the layer before it is done. A streamed layer runs
+A resident layer runs as soon as the layer before it is done, unless it is being loaded
+back (restored after remapping): then it waits for that load. A streamed layer runs
 once its host-to-device copy into its slot has landed; the copy starts when the copy
 stream is free and the slot's previous occupant has run (one slot: the previous
 streamed layer; two slots: the one before it). A layer that is neither resident nor
@@ -39,6 +40,7 @@ class _Pipeline:
     layout: tuple[tuple[int, ...], int] = ((), 0)
     ahead: dict[int, float] = field(default_factory=dict)  # position -> copy landed
     slot_free: list[float] = field(default_factory=list)  # when each slot's occupant ran
+    loads: dict[int, float] = field(default_factory=dict)  # restored layer -> load landed
 
 
 class WeightStreams:
@@ -59,6 +61,14 @@ class WeightStreams:
         self.free_at = start + self.t_transfer[model]
         return self.free_at
 
+    def load(self, model: str, layers: Sequence[int], now: float) -> int:
+        """Issue one-time loads of ``layers`` (restored to residency) at ``now``; the
+        model's next pass waits for each before running it. Returns the bytes issued."""
+        pipe = self._pipelines.setdefault(model, _Pipeline())
+        for layer in sorted(layers):
+            pipe.loads[layer] = self._copy(model, now)
+        return len(layers) * self.layer_bytes[model]
+
     def run_pass(
         self,
         model: str,
@@ -69,12 +79,11 @@ class WeightStreams:
         t_head: float,
         streamed: Sequence[int] = (),
         num_slots: int = 0,
-        loads: Sequence[int] = (),
     ) -> PassTiming:
         """Time one forward pass of ``model`` starting at ``start``: ``num_layers`` layers
         of ``t_layer`` seconds each, then the output head. ``streamed`` layers (in
-        order) take turns in ``num_slots`` slots; ``loads`` are resident layers that
-        must first be copied in (restored after remapping)."""
+        order) take turns in ``num_slots`` slots; layers loaded with ``load`` wait for
+        their loads."""
         pipe = self._pipelines.setdefault(model, _Pipeline())
         if pipe.layout != (tuple(streamed), num_slots):
             pipe.layout = (tuple(streamed), num_slots)
@@ -82,10 +91,7 @@ class WeightStreams:
             pipe.slot_free = [start] * num_slots
         layer_bytes = self.layer_bytes[model]
         copied = 0
-        landed_at: dict[int, float] = {}
-        for layer in sorted(loads):
-            landed_at[layer] = self._copy(model, start)
-            copied += layer_bytes
+        landed_at, pipe.loads = pipe.loads, {}
         position_of = {layer: i for i, layer in enumerate(streamed)}
         t, done, stall, num_stalls = start, 0, 0.0, 0
         for layer in sorted({*landed_at, *streamed}):
