@@ -6,6 +6,7 @@ Pure logic: no torch. Times are seconds (floats) on the engine's clock.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from shunter.engine.config import SloSpec
@@ -24,6 +25,9 @@ class RequestState(enum.Enum):
     RUNNING = "running"
     ROTARY = "rotary"
     FINISHED = "finished"
+
+
+RUNNING, ROTARY = RequestState.RUNNING, RequestState.ROTARY
 
 
 @dataclass(eq=False)
@@ -88,18 +92,8 @@ class Request:
         return self.state is RequestState.FINISHED
 
     def vlt(self, now: float) -> float:
-        """Virtual Lag Time (SuperInfer §4.2.2) with S_B = TBT SLO and S_F = TTFT SLO.
-
-        A rotary request that has not emitted a token yet lags on its TTFT, not on a
-        token gap, so it takes the waiting branch: ``t_last`` does not exist for it.
-        """
-        slo = self.slo
-        if self.state is RequestState.RUNNING:
-            assert self.t_run is not None
-            return -(now - self.t_run)
-        if self.state is RequestState.ROTARY and self.t_last is not None:
-            return slo.alpha * max(0.0, now - self.t_last - slo.beta_b * slo.tbt_s)
-        return max(0.0, now - self.t_arr - slo.beta_f * slo.ttft_s)
+        """Virtual Lag Time (SuperInfer §4.2.2); see ``vlts``."""
+        return vlts((self,), now)[0]
 
     def record_token(self, now: float, token_id: int | None) -> None:
         """Account one emitted token at time ``now``."""
@@ -121,3 +115,30 @@ class Request:
         if self.t_first_token is None or self.t_last is None or self.num_output_tokens < 2:
             return None
         return (self.t_last - self.t_first_token) / (self.num_output_tokens - 1)
+
+
+def vlts(requests: Iterable[Request], now: float) -> list[float]:
+    """Virtual Lag Time (SuperInfer §4.2.2) of each request at ``now``, with S_B = TBT SLO
+    and S_F = TTFT SLO:
+
+      RUNNING:  -(now - t_run)
+      ROTARY:   alpha * relu(now - t_last - beta_B * S_B)
+      WAITING:  relu(now - t_arr - beta_F * S_F)
+
+    A rotary request that has not emitted a token yet lags on its TTFT, not on a token
+    gap, so it takes the waiting branch: ``t_last`` does not exist for it. One pass over
+    many requests: LVF needs every non-running request's VLT at every contended step.
+    """
+    out: list[float] = []
+    for r in requests:
+        slo = r.slo
+        if r.state is RUNNING:
+            assert r.t_run is not None
+            out.append(-(now - r.t_run))
+        elif r.state is ROTARY and r.t_last is not None:
+            lag = now - r.t_last - slo.beta_b * slo.tbt_s
+            out.append(slo.alpha * lag if lag > 0.0 else 0.0)
+        else:
+            lag = now - r.t_arr - slo.beta_f * slo.ttft_s
+            out.append(lag if lag > 0.0 else 0.0)
+    return out

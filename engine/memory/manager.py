@@ -25,6 +25,8 @@ from shunter.engine.memory.weights import place_weights
 from shunter.engine.plan import BlockCopy, BlockMove, StepPlan
 from shunter.engine.request import Request, RequestState
 
+RUNNING = RequestState.RUNNING
+
 
 class KVMemory:
     """Device and host KV of every model of one engine.
@@ -93,9 +95,17 @@ class KVMemory:
     def blk(self, request: Request) -> int:
         """Blocks the request holds on the device (RUNNING) or needs there to run: one
         per block of all its known tokens (otherwise)."""
-        if request.state is RequestState.RUNNING:
+        if request.state is RUNNING:
             return len(self._tables[request.id].devices)
         return -(-request.num_tokens // self.block_tokens)
+
+    def blks(self, requests: Iterable[Request]) -> list[int]:
+        """``blk`` of each request, in one pass: LVF asks for every candidate's each step."""
+        tables, bt = self._tables, self.block_tokens
+        return [
+            len(tables[r.id].devices) if r.state is RUNNING else -(-r.num_tokens // bt)
+            for r in requests
+        ]
 
     def block_ids(self, request_id: str) -> list[int]:
         """Device block ids of a RUNNING request, in token order (for executors)."""
@@ -156,22 +166,24 @@ class KVMemory:
 
     def swap_out(self, request: Request) -> None:
         table = self._tables[request.id]
-        model, plan, devices = table.model, self._current(), table.devices
+        model, plan, devices, hosts = table.model, self._current(), table.devices, table.hosts
         keep = self.num_blocks(request.num_computed_tokens)
         valid, copied = table.num_host_valid, table.num_host_copied
-        if keep > len(table.hosts):
-            table.hosts += self.host.allocate(model, keep - len(table.hosts))
+        if keep > len(hosts):
+            hosts += self.host.allocate(model, keep - len(hosts))
+        # Blocks with a valid host copy go now (unless an H2D copy or a move still writes
+        # them); landing blocks go when their copies land, newly copied ones when this
+        # step's copies complete.
+        written = self._fence(table.h2d_step, table.move_step)
+        self._release_devices(model, devices[:valid] + devices[keep:], written)
+        if valid < copied:
+            landing = self._fence(table.d2h_step, table.h2d_step, table.move_step)
+            self._release_devices(model, devices[valid:copied], landing)
         if copied < keep:
-            copies = _copies(devices[copied:keep], table.hosts[copied:keep])
+            copies = _copies(devices[copied:keep], hosts[copied:keep])
             plan.swap_out.setdefault(model, []).extend(copies)
             self._inflight.land(table, keep, plan.step)
-        # Blocks with a valid host copy go now (unless an H2D copy or a move still writes
-        # them); landing blocks and newly copied ones go when their copies land.
-        fences = (table.h2d_step, table.move_step)
-        self._release_devices(model, devices[:valid] + devices[keep:], *fences)
-        self._release_devices(model, devices[valid:copied], table.d2h_step, *fences)
-        self._release_devices(model, devices[copied:keep], plan.step)
-        if copied < keep:
+            self._release_devices(model, devices[copied:keep], plan.step)
             table.d2h_step = plan.step
         table.num_host_copied = keep
         table.devices = []
@@ -331,10 +343,10 @@ class KVMemory:
         pending = [s for s in steps if self._inflight.is_pending(s)]
         return max(pending) if pending else None
 
-    def _release_devices(self, model: str, ids: list[int], *fences: int) -> None:
+    def _release_devices(self, model: str, ids: list[int], fence: int | None) -> None:
+        """Free ``ids`` now, or when step ``fence``'s copies complete."""
         if not ids:
             return
-        fence = self._fence(*fences)
         if fence is None:
             self._pools[model].free(ids)
         else:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from shunter.engine.request import Request
+from shunter.engine.request import Request, vlts
 from shunter.engine.sched.policy import Decision, Policy, PolicyInput, by_arrival
 
 
@@ -30,13 +30,12 @@ class LvfPolicy(Policy):
     def schedule(self, state: PolicyInput) -> Decision:
         blk, free = state.blk, state.num_free_blocks
         candidates = [*state.waiting, *state.rotary]
-        costs = [blk(r) for r in candidates]
+        costs = state.blks(candidates)
         if free >= sum(costs):
             return Decision(admit=by_arrival(candidates))
 
         now = state.now
-        vlts = [r.vlt(now) for r in candidates]
-        head = sorted(range(len(candidates)), key=vlts.__getitem__, reverse=True)
+        head = sorted(range(len(candidates)), key=vlts(candidates, now).__getitem__, reverse=True)
         left = free + state.xfer_budget
         decision = Decision()
         for i in head:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
+from operator import attrgetter
 
 from shunter.engine.request import Request
 
@@ -21,7 +23,8 @@ class PolicyInput:
     ``running`` is in the order requests became RUNNING (oldest first); ``waiting`` in
     arrival order; ``rotary`` lists ROTARY requests whose host copies have landed (the
     others cannot be swapped in yet), in preemption order. ``blk(r)`` is the number of
-    device blocks r holds (RUNNING) or needs (otherwise). ``xfer_budget`` is B_xfer.
+    device blocks r holds (RUNNING) or needs (otherwise), ``blks`` the same for many
+    requests in one call. ``xfer_budget`` is B_xfer.
     ``can_rotate(r)`` says whether host swap space can take a running request's KV: a
     policy preempts only those proactively.
     """
@@ -34,6 +37,7 @@ class PolicyInput:
     num_free_blocks: int
     xfer_budget: int
     blk: Callable[[Request], int]
+    blks: Callable[[Sequence[Request]], list[int]]
     can_rotate: Callable[[Request], bool]
 
 
@@ -59,7 +63,7 @@ class Policy(ABC):
 
 def by_arrival(*groups: Sequence[Request]) -> list[Request]:
     """All requests of ``groups`` by arrival time (stable for ties)."""
-    return sorted((r for group in groups for r in group), key=lambda r: r.t_arr)
+    return sorted(chain(*groups), key=attrgetter("t_arr"))
 
 
 def admit_fitting(

@@ -16,6 +16,10 @@ from shunter.engine.sched.queues import RequestQueues
 
 RUNNING, ROTARY, WAITING = RequestState.RUNNING, RequestState.ROTARY, RequestState.WAITING
 
+# tuple.__new__ builds a BatchEntry in C at half the cost of its Python __new__: a step
+# makes one per running request.
+_entry = tuple.__new__
+
 
 class Scheduler:
     """Plans steps for every model of one engine.
@@ -90,18 +94,29 @@ class Scheduler:
         self.memory.begin_step(plan)
         for q in self.queues.values():
             q.land(self.memory.has_landed)
-        decodes = [r for m, q in self.queues.items() for r in self._reserve_decodes(m, q, plan)]
+        decodes: list[Request] = []
+        prefills: list[Request] = []
+        for model, q in self.queues.items():
+            reserved, prefilling = self._reserve_decodes(model, q, plan)
+            decodes += reserved
+            prefills += prefilling
         decisions = {model: self._decide(model, q, plan, now) for model, q in self.queues.items()}
 
+        # The policy may have preempted some of them since.
         tokens = self.config.max_batch_tokens
         for r in decodes:
-            if r.state is RUNNING and tokens > 0:
-                plan.batch.append(BatchEntry(r.id, r.model, 1, r.num_computed_tokens, False, True))
+            if tokens <= 0:
+                break
+            if r.state is RUNNING:
+                plan.batch.append(
+                    _entry(BatchEntry, (r.id, r.model, 1, r.num_computed_tokens, False, True))
+                )
                 tokens -= 1
-        for q in self.queues.values():
-            for r in q.running.values():
-                if tokens > 0 and r.is_prefill:
-                    tokens -= self._add_chunk(plan, r, tokens)
+        for r in prefills:
+            if tokens <= 0:
+                break
+            if r.state is RUNNING:
+                tokens -= self._add_chunk(plan, r, tokens)
 
         num_running = self.num_running
         for model, decision in decisions.items():
@@ -136,31 +151,40 @@ class Scheduler:
         return finished
 
     # -- parts ---------------------------------------------------------------------------
-    def _reserve_decodes(self, model: str, q: RequestQueues, plan: StepPlan) -> list[Request]:
+    def _reserve_decodes(
+        self, model: str, q: RequestQueues, plan: StepPlan
+    ) -> tuple[list[Request], list[Request]]:
         """Blocks for the next token of each decoding request, oldest first.
 
-        Out of blocks, a request waits for blocks already on their way (released by a
-        preemption whose copies are in flight); if none are, the latest arrival is
-        preempted (vLLM's passive preemption), possibly the request itself.
+        Returns the decoding requests that got a block and the running requests still
+        in prefill, in running order. Out of blocks, a request waits for blocks already
+        on their way (released by a preemption whose copies are in flight); if none are,
+        the latest arrival is preempted (vLLM's passive preemption), possibly the
+        request itself.
         """
-        reserved = []
-        incoming = self.memory.num_incoming_blocks(model)
+        decodes: list[Request] = []
+        prefills: list[Request] = []
+        memory = self.memory
+        incoming = memory.num_incoming_blocks(model)
         for r in list(q.running.values()):
-            if r.state is not RUNNING or r.is_prefill:
+            if r.state is not RUNNING:
                 continue
-            while not self.memory.can_append(r, 1):
+            if r.is_prefill:
+                prefills.append(r)
+                continue
+            while not memory.can_append(r, 1):
                 if incoming > 0:
                     incoming -= 1
                     break
                 victim = max(q.running.values(), key=lambda v: v.t_arr)
                 self._preempt(victim, q, plan)
-                incoming = self.memory.num_incoming_blocks(model)
+                incoming = memory.num_incoming_blocks(model)
                 if victim is r:
                     break
             else:
-                self.memory.append(r, 1)
-                reserved.append(r)
-        return reserved
+                memory.append(r, 1)
+                decodes.append(r)
+        return decodes, prefills
 
     def _decide(self, model: str, q: RequestQueues, plan: StepPlan, now: float) -> Decision:
         moved = plan.num_h2d_blocks + sum(map(len, plan.swap_out.values()))
@@ -173,6 +197,7 @@ class Scheduler:
             num_free_blocks=self.memory.num_free_blocks(model),
             xfer_budget=max(0, self.config.xfer_budget_blocks - moved),
             blk=self.memory.blk,
+            blks=self.memory.blks,
             can_rotate=self.memory.can_swap_out,
         )
         decision = self.policy.schedule(state)
@@ -219,9 +244,10 @@ class Scheduler:
 
     @staticmethod
     def _add_chunk(plan: StepPlan, r: Request, tokens: int) -> int:
-        n = min(r.num_pending_tokens, tokens)
-        samples = n == r.num_pending_tokens
-        plan.batch.append(BatchEntry(r.id, r.model, n, r.num_computed_tokens, True, samples))
+        pending = r.num_pending_tokens
+        n = min(pending, tokens)
+        entry = (r.id, r.model, n, r.num_computed_tokens, True, n == pending)
+        plan.batch.append(_entry(BatchEntry, entry))
         return n
 
     def _finish(self, r: Request, now: float) -> None:

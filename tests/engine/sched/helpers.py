@@ -52,6 +52,7 @@ class Book:
             num_free_blocks=free,
             xfer_budget=xfer,
             blk=self.blk,
+            blks=lambda requests: [self.blocks[r.id] for r in requests],
             can_rotate=lambda r: r.id not in self.pinned,
         )
 
