@@ -1,8 +1,9 @@
 """TorchEngine: EngineCore wired to real models, for offline generation and tests.
 
 It builds the pieces in dependency order: the models' host weights, the device arena
-and the host swap space, the executor and transfers, the core (whose KVMemory places
-the weights), then the weights copied into their pages.
+and the host swap space, the transfers (two CUDA copy streams on a GPU, blocking copies
+on CPU) and the executor, the core (whose KVMemory places the weights), then the
+weights copied into their pages.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from shunter.engine.config import EngineConfig, ModelSpec, SloSpec
 from shunter.engine.core import EngineCore, StepStats
 from shunter.engine.exec.arena import DeviceArena
 from shunter.engine.exec.detok import token_bytes
+from shunter.engine.exec.forced_rotation import ForcedRotation
 from shunter.engine.exec.hf_config import (
     ArchConfig,
     eos_token_ids,
@@ -29,8 +31,10 @@ from shunter.engine.exec.loader import TORCH_DTYPES, load_host_weights
 from shunter.engine.exec.model import Transformer, kv_block_shape
 from shunter.engine.exec.params import SamplingParams
 from shunter.engine.exec.torch_executor import ServedModel, TorchExecutor
-from shunter.engine.exec.transfers import BlockingTransfers, host_swap_space
+from shunter.engine.exec.transfers import host_swap_space, make_transfers
 from shunter.engine.interfaces import MonotonicClock
+from shunter.engine.memory.arena import PageOwner
+from shunter.engine.memory.manager import KVMemory
 from shunter.engine.request import Request
 
 # The papers' default SLOs (5 s TTFT, 100 ms TBT).
@@ -54,20 +58,45 @@ class Output:
 
 @dataclass
 class Totals:
-    """Counts over every step run so far."""
+    """Counts over every step run so far.
+
+    ``rotations`` counts requests that came back from host memory (a preemption that
+    kept the KV, then a swap-in); ``blocks_swapped_out`` every D2H block (preemption
+    copies and eager rotation), ``blocks_rotated`` the eager ones alone.
+    ``remapped_layers_max`` is the most decoder layers, over all models, whose pages
+    held no weights at the end of a step (parameter remapping gave them to the KV
+    cache), read from the arena's page owners.
+    """
 
     steps: int = 0
     preemptions: int = 0
+    rotations: int = 0
     blocks_swapped_out: int = 0
     blocks_swapped_in: int = 0
     blocks_rotated: int = 0
+    remapped_layers_max: int = 0
 
     def add(self, stats: StepStats) -> None:
         self.steps += 1
         self.preemptions += stats.num_preempted
+        self.rotations += stats.num_swapped_in
         self.blocks_swapped_out += stats.d2h_blocks
         self.blocks_swapped_in += stats.h2d_blocks
         self.blocks_rotated += stats.rotated_blocks
+
+
+def remapped_layers(memory: KVMemory) -> int:
+    """Decoder layers, over all models, with a page that does not hold their weights."""
+    arena = memory.arena
+    return sum(
+        any(arena.owner(p) != PageOwner.weights(model, i) for p in pages)
+        for model, layout in memory.weights.items()
+        for i, pages in enumerate(layout.layers)
+    )
+
+
+class NoProgressError(RuntimeError):
+    """The engine has live requests but its steps stopped doing anything."""
 
 
 def model_specs(
@@ -88,7 +117,9 @@ class TorchEngine:
     ``config.models`` must equal ``model_specs(models, dtype)``. ``add_request`` queues
     a prompt; ``step`` runs one engine step and returns the requests it finished;
     ``run`` steps until no request is left. ``totals`` counts preemptions and blocks
-    moved, so callers can see rotation happen.
+    moved, so callers can see rotation happen. With ``force_rotation`` the scheduler's
+    policy is wrapped in :class:`ForcedRotation`: requests rotate out after every step
+    they run.
     """
 
     def __init__(
@@ -98,11 +129,11 @@ class TorchEngine:
         *,
         device: torch.device,
         dtype: torch.dtype | None = None,
+        force_rotation: bool = False,
     ) -> None:
         if config.models != model_specs(models, dtype):
             raise ValueError("config.models must be model_specs(models, dtype)")
         self.arena = DeviceArena(config.num_pages, config.page_bytes, device)
-        self.executor = TorchExecutor()
         hosts, device_kv, host_kv = {}, {}, {}
         for name, path in models.items():
             arch = ArchConfig.from_hf(read_config(path))
@@ -112,9 +143,13 @@ class TorchEngine:
             shape = kv_block_shape(arch, config.block_tokens)
             device_kv[name] = self.arena.kv_cache(shape, model_dtype)
             host_kv[name] = host_swap_space(config.host_swap_bytes, shape, model_dtype, pin=pin)
-        self.core = EngineCore(
-            config, self.executor, BlockingTransfers(device_kv, host_kv), MonotonicClock()
-        )
+        self.transfers = make_transfers(device_kv, host_kv)
+        self.executor = TorchExecutor(self.transfers)
+        self.core = EngineCore(config, self.executor, self.transfers, MonotonicClock())
+        if force_rotation:
+            # The policy is the scheduler's one seam for who runs; wrapping it leaves
+            # every other part of the step loop as it is.
+            self.core.scheduler.policy = ForcedRotation(self.core.scheduler.policy)
         for name, path in models.items():
             arch, host = hosts[name]
             weights = self.arena.place_weights(host, self.core.memory.weights[name])
@@ -131,6 +166,8 @@ class TorchEngine:
         self.host_weights = {name: host for name, (_, host) in hosts.items()}
         self.totals = Totals()
         self._ids = itertools.count()
+        self._arena_version = -1
+        self._remapped = 0
 
     def add_request(
         self,
@@ -155,8 +192,19 @@ class TorchEngine:
         return request.id
 
     def step(self) -> list[Output]:
+        return self._outputs(self._step())
+
+    def _step(self) -> StepStats:
         stats = self.core.step()
         self.totals.add(stats)
+        memory = self.core.memory
+        if memory.arena.version != self._arena_version:
+            self._arena_version = memory.arena.version
+            self._remapped = remapped_layers(memory)
+        self.totals.remapped_layers_max = max(self.totals.remapped_layers_max, self._remapped)
+        return stats
+
+    def _outputs(self, stats: StepStats) -> list[Output]:
         outputs = []
         for request in stats.finished:
             text, reason = self.executor.output(request.id)
@@ -173,9 +221,34 @@ class TorchEngine:
             )
         return outputs
 
-    def run(self) -> dict[str, Output]:
-        """Step until idle; every request finished meanwhile, by id."""
+    def run(self, *, max_idle_steps: int = 1000) -> dict[str, Output]:
+        """Step until idle; every request finished meanwhile, by id.
+
+        A step that computes nothing while copies are in flight waits for them rather
+        than spinning. Raises NoProgressError after ``max_idle_steps`` steps in a row
+        that did nothing at all (no tokens, no copies) with requests still live.
+        """
         done: dict[str, Output] = {}
+        idle = 0
         while not self.core.is_idle():
-            done.update((o.request_id, o) for o in self.step())
+            stats = self._step()
+            done.update((o.request_id, o) for o in self._outputs(stats))
+            if stats.num_batch_tokens or stats.d2h_blocks or stats.h2d_blocks or stats.finished:
+                idle = 0
+            elif self.core.memory.num_pending_steps:
+                self.transfers.synchronize()
+            else:
+                idle += 1
+                if idle >= max_idle_steps:
+                    raise NoProgressError(self._stall_report(idle))
         return done
+
+    def _stall_report(self, steps: int) -> str:
+        scheduler, memory = self.core.scheduler, self.core.memory
+        per_model = ", ".join(
+            f"{model}: {len(q.waiting)} waiting, {len(q.running)} running, "
+            f"{len(q.rotary) + len(q.landing)} rotary, "
+            f"{memory.num_free_blocks(model)}/{memory.num_total_blocks(model)} blocks free"
+            for model, q in scheduler.queues.items()
+        )
+        return f"no progress in {steps} steps with requests left ({per_model})"

@@ -19,6 +19,7 @@ from shunter.engine.exec.model import Transformer
 from shunter.engine.exec.params import SamplingParams
 from shunter.engine.exec.sampling import request_generator, sample
 from shunter.engine.exec.stop import StopChecker
+from shunter.engine.exec.transfers import KVTransfers
 from shunter.engine.interfaces import Executor
 from shunter.engine.plan import BatchEntry, StepPlan, StepResult
 from shunter.engine.request import Request
@@ -48,13 +49,16 @@ class _Sequence:
 class TorchExecutor(Executor):
     """Executes plans: block moves, then one forward pass per model, then sampling.
 
-    Register each model with :meth:`add_model`, connect the engine's requests and
-    block tables with :meth:`bind`, and give each request its sampling parameters
-    with :meth:`add_request` before it is scheduled. A request's text and finish
-    reason are readable (:meth:`output`) until a plan releases it.
+    ``transfers`` runs the plans' KV copies: before the forward pass, the executor has
+    it order the pass after the H2D copies of the requests it reads. Register each
+    model with :meth:`add_model`, connect the engine's requests and block tables with
+    :meth:`bind`, and give each request its sampling parameters with
+    :meth:`add_request` before it is scheduled. A request's text and finish reason are
+    readable (:meth:`output`) until a plan releases it.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, transfers: KVTransfers) -> None:
+        self.transfers = transfers
         self.models: dict[str, ServedModel] = {}
         self._sequences: dict[str, _Sequence] = {}
         self._requests: Mapping[str, Request] = {}
@@ -86,6 +90,7 @@ class TorchExecutor(Executor):
         t_start = time.perf_counter()
         for request_id in plan.released:
             self._sequences.pop(request_id, None)
+        self.transfers.wait_swapped_in(e.request_id for e in plan.batch)
         for model, moves in plan.moves.items():
             if moves:
                 kv = self.models[model].kv_cache
@@ -97,9 +102,10 @@ class TorchExecutor(Executor):
             entries = [e for e in plan.batch if e.model == model]
             if entries:
                 self._run(served, entries, result)
-        for served in self.models.values():
-            if served.model.device.type == "cuda":
-                torch.cuda.synchronize(served.model.device)
+        for device in {served.model.device for served in self.models.values()}:
+            if device.type == "cuda":
+                # The compute stream only: copies on the copy streams run on.
+                torch.cuda.current_stream(device).synchronize()
         result.duration_s = time.perf_counter() - t_start
         return result
 

@@ -1,15 +1,19 @@
-"""KV block copies between the device arena and host swap space, done at submit.
+"""KV block copies between the device arena and host swap space.
 
-One batched copy per model and direction per step: the blocks are gathered with one
-index operation into a staging tensor and written with one more, never one copy per
-layer (whole blocks are contiguous in the block-first layout). The copies run
-synchronously inside ``submit``, so ``poll`` reports every step at once: the reference
-on CPU, and a correct but non-overlapped path on a GPU.
+``KVTransfers`` is what the torch executor needs of a transfer engine beyond the
+``Transfers`` interface: a way to order the forward pass after a swapped-in request's
+copies. ``make_transfers`` picks the implementation for the device: overlapped copies on
+two CUDA streams (``cuda_transfers.CudaTransfers``) on a GPU, ``BlockingTransfers``
+otherwise.
+
+Both move one batch per model and direction per step, never one copy per layer: whole
+blocks are contiguous in the block-first layout.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 
 import torch
 
@@ -20,29 +24,61 @@ from shunter.engine.plan import BlockCopy, StepPlan
 def host_swap_space(
     capacity_bytes: int, block_shape: tuple[int, ...], dtype: torch.dtype, *, pin: bool
 ) -> torch.Tensor:
-    """A model's host swap tensor ``[num_blocks, *block_shape]``, zeroed.
+    """A model's host swap tensor ``[num_blocks, *block_shape]``.
 
     ``HostSwap`` numbers each model's host blocks from 0 under one byte budget shared
     by all models, so one model never holds more than ``capacity_bytes`` of them.
+    Pageable space is zeroed. Pinned space (``pin``: needs CUDA) is registered with the
+    driver in large chunks (``cuda_transfers.pinned_empty``) and left uninitialized:
+    a host block is only read after a D2H copy wrote it.
     """
     block_bytes = math.prod(block_shape) * dtype.itemsize
-    return torch.zeros((capacity_bytes // block_bytes, *block_shape), dtype=dtype, pin_memory=pin)
+    shape = (capacity_bytes // block_bytes, *block_shape)
+    if not pin:
+        return torch.zeros(shape, dtype=dtype)
+    from shunter.engine.exec.cuda_transfers import pinned_empty
+
+    return pinned_empty(shape, dtype)
 
 
-class BlockingTransfers(Transfers):
-    """Copies each plan's D2H batch, then its H2D batch, before ``submit`` returns.
+class KVTransfers(Transfers):
+    """Copies between ``device_kv[m]`` and ``host_kv[m]``, model m's block arrays on the
+    two tiers (same block shape and dtype).
 
-    ``device_kv[m]`` and ``host_kv[m]`` are model m's block arrays on the two tiers
-    (same block shape). D2H goes first, so a block the plan both frees by preemption
-    and refills by a swap-in is read before it is overwritten.
+    Besides ``submit``/``poll``: ``wait_swapped_in(ids)`` is called by the executor
+    before a forward pass that reads those requests' KV, and must order that pass after
+    their H2D copies; ``synchronize()`` blocks until every submitted copy completed.
     """
 
-    def __init__(self, device_kv: dict[str, torch.Tensor], host_kv: dict[str, torch.Tensor]):
+    def __init__(
+        self, device_kv: Mapping[str, torch.Tensor], host_kv: Mapping[str, torch.Tensor]
+    ) -> None:
         for model, kv in device_kv.items():
             if kv.shape[1:] != host_kv[model].shape[1:] or kv.dtype != host_kv[model].dtype:
                 raise ValueError(f"model {model!r}: device and host blocks differ")
-        self.device_kv = device_kv
-        self.host_kv = host_kv
+        self.device_kv = dict(device_kv)
+        self.host_kv = dict(host_kv)
+
+    def wait_swapped_in(self, request_ids: Iterable[str]) -> None:
+        """Copies that completed inside ``submit`` need no waiting: the default."""
+
+    def synchronize(self) -> None:
+        """Copies that completed inside ``submit`` need no waiting: the default."""
+
+
+class BlockingTransfers(KVTransfers):
+    """Copies each plan's D2H batch, then its H2D batch, before ``submit`` returns, so
+    ``poll`` reports every step at once: the reference on CPU.
+
+    D2H goes first, so a block the plan both frees by preemption and refills by a
+    swap-in is read before it is overwritten. Per model and direction the blocks are
+    gathered with one index operation into a staging tensor and written with one more.
+    """
+
+    def __init__(
+        self, device_kv: Mapping[str, torch.Tensor], host_kv: Mapping[str, torch.Tensor]
+    ) -> None:
+        super().__init__(device_kv, host_kv)
         self._done: list[int] = []
 
     def submit(self, plan: StepPlan) -> None:
@@ -57,10 +93,24 @@ class BlockingTransfers(Transfers):
         return done
 
 
+def make_transfers(
+    device_kv: Mapping[str, torch.Tensor], host_kv: Mapping[str, torch.Tensor]
+) -> KVTransfers:
+    """Overlapped two-stream copies when the KV lives on a CUDA device, else blocking ones."""
+    devices = {kv.device for kv in device_kv.values()}
+    if len(devices) > 1:
+        raise ValueError(f"every model's KV must be on one device, got {sorted(map(str, devices))}")
+    if devices and next(iter(devices)).type == "cuda":
+        from shunter.engine.exec.cuda_transfers import CudaTransfers
+
+        return CudaTransfers(device_kv, host_kv)
+    return BlockingTransfers(device_kv, host_kv)
+
+
 def copy_blocks(
     device_kv: torch.Tensor, host_kv: torch.Tensor, copies: list[BlockCopy], *, to_host: bool
 ) -> None:
-    """One batched copy of whole blocks between the tiers."""
+    """One batched, synchronous copy of whole blocks between the tiers."""
     if not copies:
         return
     device_ids = torch.tensor([c.device_block for c in copies], device=device_kv.device)

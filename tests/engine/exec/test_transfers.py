@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from shunter.engine.exec.transfers import BlockingTransfers, host_swap_space
+from shunter.engine.exec.cuda_transfers import _runs
+from shunter.engine.exec.transfers import BlockingTransfers, host_swap_space, make_transfers
 from shunter.engine.plan import BlockCopy, StepPlan
 
 SHAPE = (2, 2, 4, 1, 8)  # layers, k|v, block tokens, kv heads, head dim
@@ -52,3 +54,18 @@ def test_models_copy_into_their_own_host_space() -> None:
     transfers.submit(StepPlan(step=0, swap_out={"a": [BlockCopy(2, 0)], "b": [BlockCopy(1, 0)]}))
     assert host_a[0].unique().tolist() == [2.0]
     assert host_b[0].unique().tolist() == [11.0]
+
+
+def test_cpu_kv_gets_blocking_transfers() -> None:
+    transfers = make_transfers({"m": numbered(2)}, {"m": torch.zeros(2, *SHAPE)})
+    assert isinstance(transfers, BlockingTransfers)
+
+
+def test_device_and_host_blocks_must_agree() -> None:
+    with pytest.raises(ValueError, match="device and host blocks differ"):
+        BlockingTransfers({"m": numbered(2)}, {"m": torch.zeros(2, 1, 2, 4, 1, 8)})
+
+
+def test_host_copies_go_in_runs_of_consecutive_ids() -> None:
+    assert list(_runs([])) == []
+    assert list(_runs([3, 4, 5, 9, 11, 12])) == [(0, 3, 3), (3, 9, 1), (4, 11, 2)]
