@@ -1,4 +1,4 @@
-"""Engine-side subcommands of ``shunter`` (simulate, bench, ...).
+"""Engine-side subcommands of ``shunter`` (simulate, bench, model, generate, ...).
 
 Imports nothing heavy at module level: ``shunter --help`` must stay fast.
 """
@@ -13,6 +13,7 @@ from typing import Any
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     """Add the engine's subcommands to the ``shunter`` parser."""
+    from shunter.engine.exec.cli import add_generate_parser
     from shunter.engine.sim.cli import add_bench_simulator_parser, add_simulate_parser
 
     add_simulate_parser(sub)
@@ -21,6 +22,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     _add_bench_scheduler_parser(benches)
     add_bench_simulator_parser(benches)
     _add_model_commands(sub)
+    add_generate_parser(sub)
 
 
 def _add_bench_scheduler_parser(benches: argparse._SubParsersAction[Any]) -> None:

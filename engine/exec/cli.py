@@ -1,0 +1,142 @@
+"""``shunter generate``.
+
+Only argparse at import time: torch and the models load when a command runs, so
+``shunter --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def _byte_count(text: str) -> int:
+    """``123456``, or with a binary suffix: ``64K``, ``1.5G`` (KiB, GiB), ``2MiB``."""
+    value = text.strip().upper().removesuffix("IB").removesuffix("B")
+    scale = _UNITS.get(value[-1:], 1)
+    number = value[:-1] if scale > 1 else value
+    try:
+        count = int(float(number) * scale)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a byte count such as 500M: {text!r}") from None
+    if count <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive byte count: {text!r}")
+    return count
+
+
+def _token_ids(text: str) -> list[int]:
+    try:
+        ids = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected token ids such as 1,2,3: {text!r}") from None
+    if not ids or min(ids) < 0:
+        raise argparse.ArgumentTypeError(f"expected token ids >= 0 such as 1,2,3: {text!r}")
+    return ids
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer: {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number: {text!r}")
+    return value
+
+
+def add_generate_parser(sub: argparse._SubParsersAction[Any]) -> None:
+    """Add ``generate``: serve prompts offline through EngineCore and the torch executor."""
+    p = sub.add_parser(
+        "generate",
+        help="generate tokens offline with the engine (real models, no server)",
+        description="Run the engine core with the torch executor over Hugging Face model "
+        "directories and print each request's tokens and text. A prompt given with "
+        "--prompt or --prompt-ids goes to every model; --requests runs a JSON Lines file "
+        '(one {"model", "prompt_ids" or "prompt", "max_tokens"} object per line) with '
+        "all requests concurrent.",
+    )
+    p.add_argument(
+        "--model",
+        action="append",
+        required=True,
+        metavar="[NAME=]DIR",
+        help="a model directory, named NAME (default: the directory's name); repeatable",
+    )
+    prompt = p.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", metavar="TEXT", help="a text prompt, tokenized per model")
+    prompt.add_argument(
+        "--prompt-ids", type=_token_ids, metavar="1,2,3", help="a prompt as token ids"
+    )
+    prompt.add_argument(
+        "--requests", type=Path, metavar="FILE.jsonl", help="one JSON request per line"
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=_positive_int,
+        required=True,
+        metavar="N",
+        help="output tokens per request (--requests: for lines without max_tokens)",
+    )
+    sampling = p.add_mutually_exclusive_group()
+    sampling.add_argument("--greedy", action="store_true", help="always the most likely token")
+    sampling.add_argument(
+        "--temperature",
+        type=_positive_float,
+        default=1.0,
+        metavar="T",
+        help="sampling temperature (default 1.0)",
+    )
+    p.add_argument("--seed", type=int, metavar="S", help="seed of every request's sampler")
+    p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        help="where the models run (default: cuda when available, else cpu)",
+    )
+    p.add_argument(
+        "--hbm-budget",
+        type=_byte_count,
+        metavar="BYTES",
+        help="device arena size: weights plus KV (e.g. 500M); default: room for every "
+        "request at full length. Pages are 2 MiB, or the largest KV block rounded up to a "
+        "power of two when smaller",
+    )
+    p.add_argument(
+        "--force-rotation",
+        action="store_true",
+        help="rotate requests' KV to host and back after every step they run, and copy "
+        "every full block to host at once",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print JSON lines: one object per request in input order, then a summary",
+    )
+    p.set_defaults(func=cmd_generate)
+
+
+def cmd_generate(ns: argparse.Namespace) -> int:
+    from shunter.engine.exec.generate import format_json, format_text, generate_from_args
+    from shunter.engine.exec.generate_input import GenerateError
+
+    try:
+        result = generate_from_args(ns)
+    except GenerateError as e:
+        print(f"shunter generate: error: {e}", file=sys.stderr)
+        return 2
+    for line in (format_json if ns.json else format_text)(result):
+        print(line)
+    return 0

@@ -1,0 +1,197 @@
+"""``shunter generate``: EngineCore with the torch executor, offline, over model directories.
+
+Requests come from one prompt (run on every model) or a JSON Lines file, and all run
+concurrently through the scheduler. Without ``--hbm-budget`` the arena holds every
+request at full length; with it, the arena is exactly that many bytes, so requests
+compete for KV blocks and rotate. Bad input raises ``GenerateError`` with a message for
+the user, before any weights load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer
+
+from shunter.engine.config import ModelSpec
+from shunter.engine.exec.generate_input import (
+    GenerateError,
+    GenerateRequest,
+    check_model_dirs,
+    parse_model_arg,
+    prompt_requests,
+    read_requests,
+)
+from shunter.engine.exec.params import SamplingParams
+from shunter.engine.exec.serving import NoProgressError, TorchEngine, model_specs
+from shunter.engine.exec.sizing import KVNeed, serving_config
+
+
+@dataclass(frozen=True)
+class GenerateOptions:
+    """Everything of a ``shunter generate`` run but the requests."""
+
+    models: Mapping[str, Path]
+    params: SamplingParams  # max_tokens is each request's own
+    device: torch.device
+    hbm_budget: int | None = None
+    force_rotation: bool = False
+    check_integrity: bool = False
+
+
+@dataclass
+class GenerateResult:
+    """One object per request, in input order, and the run's summary."""
+
+    outputs: list[dict[str, Any]]
+    summary: dict[str, int]
+
+
+def run_generate(requests: Sequence[GenerateRequest], options: GenerateOptions) -> GenerateResult:
+    """Serve ``requests`` concurrently and return their outputs in input order."""
+    specs = _model_specs(options.models)
+    by_name = {spec.name: spec for spec in specs}
+    tokenizers: dict[str, Tokenizer] = {}
+    prompts = [_prompt_ids(r, by_name[r.model], options.models, tokenizers) for r in requests]
+    config = serving_config(
+        specs,
+        [
+            KVNeed(r.where, r.model, len(p) + r.max_tokens)
+            for r, p in zip(requests, prompts, strict=True)
+        ],
+        hbm_budget=options.hbm_budget,
+        force_rotation=options.force_rotation,
+        check_integrity=options.check_integrity,
+    )
+    engine = TorchEngine(
+        options.models, config, device=options.device, force_rotation=options.force_rotation
+    )
+    ids = [
+        engine.add_request(
+            r.model, prompt, dataclasses.replace(options.params, max_tokens=r.max_tokens)
+        )
+        for r, prompt in zip(requests, prompts, strict=True)
+    ]
+    try:
+        done = engine.run()
+    except NoProgressError as e:
+        raise GenerateError(f"the engine stalled: {e}") from None
+    outputs = [
+        {
+            "model": done[i].model,
+            "prompt_ids": done[i].prompt_ids,
+            "output_ids": done[i].output_ids,
+            "text": done[i].text,
+        }
+        for i in ids
+    ]
+    totals = engine.totals
+    summary = {
+        "rotations": totals.rotations,
+        "blocks_swapped_out": totals.blocks_swapped_out,
+        "blocks_swapped_in": totals.blocks_swapped_in,
+        "remapped_layers_max": totals.remapped_layers_max,
+        "steps": totals.steps,
+    }
+    return GenerateResult(outputs, summary)
+
+
+def _model_specs(models: Mapping[str, Path]) -> tuple[ModelSpec, ...]:
+    """``model_specs(models)``, a config that cannot be served named in the error."""
+    specs: list[ModelSpec] = []
+    for name, path in models.items():
+        try:
+            specs += model_specs({name: path})
+        except (ValueError, KeyError, TypeError) as e:
+            raise GenerateError(f"model {name!r}: {path}/config.json: {e}") from None
+    return tuple(specs)
+
+
+def _prompt_ids(
+    request: GenerateRequest,
+    spec: ModelSpec,
+    models: Mapping[str, Path],
+    tokenizers: dict[str, Tokenizer],
+) -> list[int]:
+    if request.prompt_ids is not None:
+        ids = list(request.prompt_ids)
+    else:
+        assert request.prompt is not None
+        if spec.name not in tokenizers:
+            path = models[spec.name] / "tokenizer.json"
+            tokenizers[spec.name] = Tokenizer.from_file(str(path))
+        ids = tokenizers[spec.name].encode(request.prompt).ids
+    if not ids:
+        raise GenerateError(f"request {request.where}: the prompt has no tokens")
+    if max(ids) >= spec.vocab_size:
+        raise GenerateError(
+            f"request {request.where}: token id {max(ids)} is outside the vocabulary of "
+            f"model {spec.name!r} ({spec.vocab_size} tokens)"
+        )
+    if len(ids) + request.max_tokens > spec.max_context:
+        raise GenerateError(
+            f"request {request.where}: {len(ids)} prompt tokens plus max_tokens "
+            f"{request.max_tokens} exceed the context of model {spec.name!r} "
+            f"({spec.max_context} tokens)"
+        )
+    return ids
+
+
+def format_text(result: GenerateResult) -> list[str]:
+    """Human-readable lines: each request's tokens and text, then the summary."""
+    lines = []
+    for i, out in enumerate(result.outputs):
+        lines.append(
+            f"[{i}] {out['model']}: {len(out['prompt_ids'])} prompt tokens, "
+            f"{len(out['output_ids'])} output tokens"
+        )
+        lines.append(f"    output_ids: {' '.join(map(str, out['output_ids']))}")
+        lines.append(f"    text: {out['text']!r}")
+    lines.append("summary: " + ", ".join(f"{k} {v}" for k, v in result.summary.items()))
+    return lines
+
+
+def format_json(result: GenerateResult) -> list[str]:
+    """One JSON object per request, in input order, then ``{"summary": ...}``."""
+    lines = [json.dumps(out, ensure_ascii=False) for out in result.outputs]
+    lines.append(json.dumps({"summary": result.summary}))
+    return lines
+
+
+def available_device(name: str | None) -> torch.device:
+    """``--device``: CUDA when available unless named; refuses CUDA without one."""
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise GenerateError("--device cuda: no CUDA device is available")
+    return torch.device(name)
+
+
+def generate_from_args(ns: argparse.Namespace, *, check_integrity: bool = False) -> GenerateResult:
+    """Run ``shunter generate`` for its parsed arguments (``engine/exec/cli.py``)."""
+    models = check_model_dirs([parse_model_arg(v) for v in ns.model])
+    if ns.greedy and ns.seed is not None:
+        raise GenerateError("--seed applies to sampling: use it with --temperature, not --greedy")
+    if ns.requests is not None:
+        requests = read_requests(ns.requests, list(models), ns.max_tokens)
+    else:
+        requests = prompt_requests(
+            list(models), text=ns.prompt, ids=ns.prompt_ids, max_tokens=ns.max_tokens
+        )
+    params = SamplingParams(temperature=0.0 if ns.greedy else ns.temperature, seed=ns.seed)
+    options = GenerateOptions(
+        models=models,
+        params=params,
+        device=available_device(ns.device),
+        hbm_budget=ns.hbm_budget,
+        force_rotation=ns.force_rotation,
+        check_integrity=check_integrity,
+    )
+    return run_generate(requests, options)
