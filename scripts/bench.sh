@@ -8,3 +8,6 @@ echo "== scheduler: median step planning time, LVF vs FCFS"
 
 echo "== simulator: simulated seconds per wall second (SIMULATED workload)"
 "${VENV:-.venv}/bin/shunter" bench simulator
+
+echo "== executor (CPU, small-llama): engine vs transformers tokens/s; KV rotation step cost"
+"${VENV:-.venv}/bin/shunter" bench executor

@@ -1,4 +1,4 @@
-"""``shunter generate``.
+"""``shunter generate`` and ``shunter bench executor``.
 
 Only argparse at import time: torch and the models load when a command runs, so
 ``shunter --help`` stays fast.
@@ -139,4 +139,49 @@ def cmd_generate(ns: argparse.Namespace) -> int:
         return 2
     for line in (format_json if ns.json else format_text)(result):
         print(line)
+    return 0
+
+
+def add_bench_executor_parser(benches: argparse._SubParsersAction[Any]) -> None:
+    """Add ``bench executor``: engine against transformers, and the cost of rotation."""
+    p = benches.add_parser(
+        "executor",
+        help="CPU: engine tokens/s against transformers generate; KV rotation step cost",
+        description="Write small-llama (random weights) to a temporary directory unless "
+        "--model names one; (a) greedy output tokens/s of the engine against transformers' "
+        "generate on the same batch of prompts, (b) wall time of a decode step with B KV "
+        "blocks swapped each way against one with none. Host time on this machine.",
+    )
+    p.add_argument("--model", type=Path, help="a model directory (default: small-llama)")
+    p.add_argument("--prompts", type=_positive_int, default=16, help="batch size (default 16)")
+    p.add_argument(
+        "--prompt-tokens", type=_positive_int, default=64, help="tokens per prompt (default 64)"
+    )
+    p.add_argument(
+        "--max-tokens", type=_positive_int, default=32, help="output tokens (default 32)"
+    )
+    p.add_argument(
+        "--swap-blocks",
+        type=_positive_int,
+        default=64,
+        help="B: KV blocks swapped each way in the rotation step (default 64)",
+    )
+    p.add_argument("--threads", type=_positive_int, help="torch threads (default: every core)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="default cpu")
+    p.set_defaults(func=cmd_bench_executor)
+
+
+def cmd_bench_executor(ns: argparse.Namespace) -> int:
+    from shunter.engine.exec.bench import bench_executor
+
+    for line in bench_executor(
+        model_dir=ns.model,
+        num_prompts=ns.prompts,
+        prompt_tokens=ns.prompt_tokens,
+        max_tokens=ns.max_tokens,
+        swap_blocks=ns.swap_blocks,
+        threads=ns.threads,
+        device=ns.device,
+    ):
+        print(line, flush=True)
     return 0
