@@ -12,12 +12,21 @@ class LvfPolicy(Policy):
     """Largest-VLT-First, every step:
 
     1. Contention check: if the free device blocks hold every waiting and rotary
-       request, admit them all in arrival order (FCFS) and stop.
+       request that can be admitted this step, admit in arrival order (FCFS) and stop.
     2. Sort all requests by VLT, descending.
     3. Prioritize: with ``left = free + B_xfer``, take non-running requests with
-       VLT >= 0 from the head whose blocks fit in ``left``.
+       VLT >= 0 from the head whose blocks fit in ``left``, at most as many as there
+       are free running slots.
     4. Preempt: ``need = B_xfer - left``; from the tail, preempt running requests with
        VLT < 0 (whose KV host memory can take) until ``need`` blocks are freed.
+
+    This is Algorithm 1 of the paper as long as the running cap leaves a slot for every
+    candidate. When it does not, the cap, not HBM, limits admission, so LVF counts only
+    what the free slots can take: the check looks at the FCFS head that fills them, and
+    prioritization stops when they are full. Rotation then frees blocks for requests
+    that will run, never slots: preempting a running request to hand its slot to
+    another moves its KV both ways and adds no running request. With no free slot LVF
+    falls back to FCFS and rotates nothing.
 
     Running requests have VLT <= 0 and the others VLT >= 0, so the sorted list is the
     non-running requests by VLT followed by the running ones by VLT; sorting the two
@@ -28,10 +37,10 @@ class LvfPolicy(Policy):
     name = "lvf"
 
     def schedule(self, state: PolicyInput) -> Decision:
-        blk, free = state.blk, state.num_free_blocks
+        blk, free, slots = state.blk, state.num_free_blocks, state.num_free_slots
         candidates = [*state.waiting, *state.rotary]
         costs = state.blks(candidates)
-        if free >= sum(costs):
+        if free >= _admissible_blocks(candidates, costs, slots):
             return Decision(admit=by_arrival(candidates))
 
         now = state.now
@@ -39,7 +48,7 @@ class LvfPolicy(Policy):
         left = free + state.xfer_budget
         decision = Decision()
         for i in head:
-            if left <= 0:
+            if left <= 0 or len(decision.admit) == slots:
                 break
             if costs[i] <= left:  # every non-running VLT is >= 0
                 decision.admit.append(candidates[i])
@@ -53,6 +62,15 @@ class LvfPolicy(Policy):
                 decision.preempt.append(r)
                 need -= blk(r)
         return decision
+
+
+def _admissible_blocks(candidates: Sequence[Request], costs: Sequence[int], slots: int) -> int:
+    """Blocks of the candidates that FCFS would admit into ``slots`` free slots: all of
+    them when the slots suffice, else the earliest arrivals."""
+    if slots >= len(candidates):
+        return sum(costs)
+    fcfs = sorted(range(len(candidates)), key=lambda i: candidates[i].t_arr)
+    return sum(costs[i] for i in fcfs[:slots])
 
 
 def _run_start(r: Request) -> float:

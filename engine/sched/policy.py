@@ -26,7 +26,8 @@ class PolicyInput:
     device blocks r holds (RUNNING) or needs (otherwise), ``blks`` the same for many
     requests in one call. ``xfer_budget`` is B_xfer.
     ``can_rotate(r)`` says whether host swap space can take a running request's KV: a
-    policy preempts only those proactively.
+    policy preempts only those proactively. ``num_free_slots`` is how many more
+    requests the running cap lets run now (engine-wide, before this decision).
     """
 
     model: str
@@ -35,6 +36,7 @@ class PolicyInput:
     waiting: Sequence[Request]
     rotary: Sequence[Request]
     num_free_blocks: int
+    num_free_slots: int
     xfer_budget: int
     blk: Callable[[Request], int]
     blks: Callable[[Sequence[Request]], list[int]]

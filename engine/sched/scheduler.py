@@ -195,6 +195,7 @@ class Scheduler:
             waiting=list(q.waiting.values()),
             rotary=list(q.rotary.values()),
             num_free_blocks=self.memory.num_free_blocks(model),
+            num_free_slots=max(0, self.config.max_running - self.num_running),
             xfer_budget=max(0, self.config.xfer_budget_blocks - moved),
             blk=self.memory.blk,
             blks=self.memory.blks,

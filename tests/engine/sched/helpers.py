@@ -42,7 +42,9 @@ class Book:
     def of(self, state: RequestState) -> list[Request]:
         return [r for r in self.requests.values() if r.state is state]
 
-    def state(self, now: float, free: int, xfer: int) -> PolicyInput:
+    def state(self, now: float, free: int, xfer: int, slots: int | None = None) -> PolicyInput:
+        """The PolicyInput at ``now``; without ``slots`` the running cap leaves a slot
+        for every request."""
         return PolicyInput(
             model="m",
             now=now,
@@ -50,6 +52,7 @@ class Book:
             waiting=self.of(RequestState.WAITING),
             rotary=self.of(RequestState.ROTARY),
             num_free_blocks=free,
+            num_free_slots=len(self.requests) if slots is None else slots,
             xfer_budget=xfer,
             blk=self.blk,
             blks=lambda requests: [self.blocks[r.id] for r in requests],

@@ -24,6 +24,7 @@ class Case:
     xfer: int
     admit: list[str]
     preempt: list[str] = field(default_factory=list)
+    slots: int | None = None  # free running slots; None: one for every request
 
 
 CASES = [
@@ -138,12 +139,88 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+# The running cap, not HBM, limits admission: LVF counts only what the free slots take.
+CAP_CASES = [
+    Case(
+        "cap: free blocks hold the FCFS head that fills the slots: FCFS, no rotation",
+        [
+            ("run", R, 4, {"t_run": 0.0}),
+            ("w_old", W, 1, {"t_arr": 0.0}),
+            ("w_big", W, 9, {"t_arr": 1.0}),
+            ("s", S, 5, {"t_arr": 0.5, "t_last": 9.0}),
+        ],
+        now=10.0,
+        free=2,  # w_old fits; all three (15 blocks) would not: Algorithm 1 would rotate
+        xfer=10,
+        slots=1,
+        admit=["w_old", "s", "w_big"],
+    ),
+    Case(
+        "cap: no free slot: nothing is rotated, however short memory is",
+        [("run", R, 4, {"t_run": 0.0}), ("w", W, 3, {"t_arr": 0.0})],
+        now=10.0,
+        free=0,
+        xfer=10,
+        slots=0,
+        admit=["w"],
+    ),
+    Case(
+        "cap: memory short for the slot's head: one request prioritized, its blocks freed",
+        [
+            ("w", W, 2, {"t_arr": 0.0}),  # VLT 7.5; FCFS head of the one slot: no room
+            ("w2", W, 2, {"t_arr": 1.0}),  # VLT 6.5
+            ("s", S, 3, {"t_arr": 0.0, "t_last": 7.0}),  # VLT 9
+            ("old", R, 2, {"t_run": 1.0}),
+            ("mid", R, 2, {"t_run": 5.0}),
+            ("new", R, 2, {"t_run": 8.0}),
+        ],
+        now=10.0,
+        free=0,
+        xfer=10,
+        slots=1,
+        admit=["s"],  # left = 10 - 3, need = 3 (uncapped: all three, need = 7,
+        preempt=["old", "mid"],  # and every running request preempted)
+    ),
+    Case(
+        "cap: two slots: the third largest VLT waits although its blocks fit",
+        [
+            ("s1", S, 1, {"t_arr": 0.0, "t_last": 6.0}),  # VLT 12
+            ("s2", S, 1, {"t_arr": 0.0, "t_last": 7.0}),  # VLT 9
+            ("w", W, 1, {"t_arr": 0.0}),  # VLT 7.5
+            ("r1", R, 1, {"t_run": 0.0}),
+            ("r2", R, 1, {"t_run": 1.0}),
+            ("r3", R, 1, {"t_run": 2.0}),
+        ],
+        now=10.0,
+        free=0,
+        xfer=3,
+        slots=2,
+        admit=["s1", "s2"],
+        preempt=["r1", "r2"],
+    ),
+    Case(
+        "cap: a slot for every candidate: Algorithm 1 unchanged",
+        [
+            ("big", W, 5, {"t_arr": 0.0}),
+            ("small", W, 1, {"t_arr": 1.0}),
+            ("run", R, 3, {"t_run": 0.0}),
+        ],
+        now=10.0,
+        free=0,
+        xfer=3,
+        slots=2,
+        admit=["small"],
+        preempt=["run"],
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES + CAP_CASES, ids=[c.name for c in CASES + CAP_CASES])
 def test_lvf_algorithm_1(case: Case) -> None:
     book = Book()
     for name, state, blocks, times in case.requests:
         book.add(name, state, blocks, **times)
-    decision = LvfPolicy().schedule(book.state(case.now, case.free, case.xfer))
+    decision = LvfPolicy().schedule(book.state(case.now, case.free, case.xfer, case.slots))
     assert ids(decision.admit) == case.admit
     assert ids(decision.preempt) == case.preempt
 

@@ -46,6 +46,32 @@ def test_max_running_caps_admission() -> None:
     assert stats.num_running == 2 and stats.num_waiting == 3
 
 
+def test_lvf_does_not_rotate_for_slots_the_running_cap_holds() -> None:
+    # Two running requests fill the cap; the four waiting would not fit the free blocks
+    # all at once, but each fits when a slot opens: no step preempts anyone.
+    core, _ = make_core(tiny_config(kv_blocks=40, max_running=2, policy="lvf"))
+    requests = [request(f"r{i}", 40, 8, t_arr=0.001 * i) for i in range(6)]
+    for r in requests:
+        core.add_request(r)
+    while not core.is_idle():
+        assert core.step().num_preempted == 0
+    assert all(r.num_output_tokens == 8 and r.num_preemptions == 0 for r in requests)
+
+
+def test_lvf_rotates_when_memory_limits_the_slots_it_may_fill() -> None:
+    # A slot is free, but the next request does not fit beside the running ones: LVF
+    # rotates out a running request to make room for it (Algorithm 1 as before).
+    core, _ = make_core(tiny_config(kv_blocks=24, max_running=3, policy="lvf"))
+    first = [request(f"a{i}", 40, 30) for i in range(2)]
+    late = request("late", 40, 4, t_arr=0.001)
+    for r in (*first, late):
+        core.add_request(r)
+    while late.num_output_tokens == 0:
+        core.step()
+    assert sum(r.num_preemptions for r in first) >= 1
+    assert late.t_first_token is not None
+
+
 def test_models_share_one_arena_and_all_finish() -> None:
     other = ModelSpec(
         "other",
