@@ -22,5 +22,11 @@ typecheck: install
 bench: install
 	@bash scripts/bench.sh
 
+# A SIMULATED comparison of the four policies on the paper's setting (Qwen2.5-32B, GH200).
+sim: install
+	@$(VENV)/bin/shunter simulate --model qwen2.5-32b --hardware gh200 --policy lvf,fcfs,wf,sf \
+		--rps 8,16,24,32 --duration 120 --ttft-slo 5 --tbt-slo 0.1 \
+		--json var/sim.json --plot var/sim.html
+
 clean:
 	rm -rf build dist *.egg-info var/typecheck .pytest_cache .mypy_cache .ruff_cache
