@@ -85,7 +85,7 @@ class Request:
     @property
     def is_prefill(self) -> bool:
         """True until the prompt (or, after a recompute preemption, the context) is cached."""
-        return self.num_output_tokens == 0 or self.num_pending_tokens > 1
+        return self.num_output_tokens == 0 or self.num_tokens - self.num_computed_tokens > 1
 
     @property
     def is_finished(self) -> bool:

@@ -149,15 +149,13 @@ class KVMemory:
         self._tables[request.id] = table
 
     def can_append(self, request: Request, num_new_tokens: int) -> bool:
-        table = self._tables[request.id]
-        need = self.num_blocks(request.num_computed_tokens + num_new_tokens) - len(table.devices)
+        need = self._num_append_blocks(request, num_new_tokens)
         return need <= 0 or self._pools[request.model].can_allocate(need)
 
     def append(self, request: Request, num_new_tokens: int) -> None:
-        table = self._tables[request.id]
-        need = self.num_blocks(request.num_computed_tokens + num_new_tokens) - len(table.devices)
+        need = self._num_append_blocks(request, num_new_tokens)
         if need > 0:
-            table.devices += self._pools[request.model].allocate(need)
+            self._tables[request.id].devices += self._pools[request.model].allocate(need)
 
     def can_swap_out(self, request: Request) -> bool:
         table = self._tables[request.id]
@@ -338,6 +336,11 @@ class KVMemory:
             self.host.check_integrity(model, set(hosts))
 
     # -- internals -------------------------------------------------------------------------
+    def _num_append_blocks(self, request: Request, num_new_tokens: int) -> int:
+        """Blocks beyond those held that ``num_new_tokens`` more computed tokens need."""
+        num_tokens = request.num_computed_tokens + num_new_tokens
+        return -(-num_tokens // self.block_tokens) - len(self._tables[request.id].devices)
+
     def _fence(self, *steps: int) -> int | None:
         """The latest of ``steps`` whose copies are still in flight, if any."""
         pending = [s for s in steps if self._inflight.is_pending(s)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 
 from shunter.engine.request import Request, vlts
 from shunter.engine.sched.policy import Decision, Policy, PolicyInput, by_arrival
@@ -73,16 +74,11 @@ def _admissible_blocks(candidates: Sequence[Request], costs: Sequence[int], slot
     return sum(costs[i] for i in fcfs[:slots])
 
 
-def _run_start(r: Request) -> float:
-    assert r.t_run is not None
-    return r.t_run
-
-
 def _tail_first(running: Sequence[Request], now: float) -> list[Request]:
     """Running requests with VLT < 0 in reversed sorted order: smallest VLT first.
 
     VLT = -(now - t_run), so ascending VLT is ascending t_run; ties keep the reversed
-    order of the stable descending sort.
+    order of the stable descending sort. (Every running request has a ``t_run``.)
     """
-    eligible = [r for r in running if _run_start(r) < now]
-    return sorted(reversed(eligible), key=_run_start)
+    eligible = [r for r in running if r.t_run is not None and r.t_run < now]
+    return sorted(reversed(eligible), key=attrgetter("t_run"))
