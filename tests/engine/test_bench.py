@@ -11,9 +11,15 @@ def test_bench_policy_times_planning_under_contention() -> None:
     assert 0.0 < result.median_s < 1.0
 
 
+def test_bench_policy_lvf_rotates_when_memory_is_contended() -> None:
+    # 700 live requests outgrow the arena's ~15k blocks: LVF swaps blocks in every step.
+    result = bench_policy("lvf", 700, steps=3, warmup=30)
+    assert result.h2d_blocks_per_step > 0
+
+
 def test_bench_scheduler_prints_one_row_per_size_with_the_ratio() -> None:
     lines = bench_scheduler((16,), steps=3)
-    assert lines[0].split() == ["live", "lvf", "ms", "fcfs", "ms", "lvf/fcfs"]
-    live, lvf_ms, fcfs_ms, ratio = lines[1].split()
-    assert live == "16"
+    assert lines[0].split() == ["live", "lvf", "ms", "fcfs", "ms", "lvf/fcfs", "lvf", "h2d/step"]
+    live, lvf_ms, fcfs_ms, ratio, h2d = lines[1].split()
+    assert live == "16" and h2d == "0"
     assert abs(float(lvf_ms) / float(fcfs_ms) - float(ratio)) < 0.05 * float(ratio) + 0.01
