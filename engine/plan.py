@@ -47,8 +47,9 @@ class StepPlan:
 
     Request lists (ids):
       - ``preempted``: RUNNING -> ROTARY (or WAITING when preempted by recompute).
-      - ``swapped_in``: ROTARY -> RUNNING; their H2D copies are in ``swap_in`` and they
-        join the batch at step ``step + 1`` (cross-iteration pipeline).
+      - ``swapped_in``: ROTARY -> RUNNING; their H2D copies are in ``swap_in`` (they
+        overlap this step's forward pass) and they join the batch at the first later
+        step that finds those copies complete (cross-iteration pipeline).
       - ``admitted``: WAITING -> RUNNING with fresh device blocks.
       - ``released``: finished or aborted since the previous plan; an executor drops any
         per-request state it keeps.

@@ -18,6 +18,7 @@ class InFlight:
 
     def __init__(self) -> None:
         self._incomplete: set[int] = set()
+        self._swap_blocks: dict[int, int] = {}  # step -> blocks of its swap copies
         self._landing: dict[int, list[tuple[BlockTable, int]]] = {}
         self._device_frees: dict[int, Frees] = {}
         self._host_frees: dict[int, Frees] = {}
@@ -28,6 +29,17 @@ class InFlight:
     def touch(self, step: int) -> None:
         """Step ``step`` carries a copy or a move: fence it until it completes."""
         self._incomplete.add(step)
+
+    def count_swaps(self, step: int, num_blocks: int) -> None:
+        """Step ``step`` carries ``num_blocks`` more blocks of swap copies (swap-ins and
+        preemptions, not eager rotation): fence it, and count them until it completes."""
+        self._incomplete.add(step)
+        self._swap_blocks[step] = self._swap_blocks.get(step, 0) + num_blocks
+
+    @property
+    def num_swap_blocks(self) -> int:
+        """Blocks of swap copies in steps not complete yet."""
+        return sum(self._swap_blocks.values())
 
     def land(self, table: BlockTable, end: int, step: int) -> None:
         """D2H copies of ``step`` make the table's host copies valid up to ``end``."""
@@ -45,6 +57,7 @@ class InFlight:
         if step not in self._incomplete:
             return {}, {}
         self._incomplete.discard(step)
+        self._swap_blocks.pop(step, None)
         for table, end in self._landing.pop(step, []):
             table.num_host_valid = max(table.num_host_valid, end)
         return self._device_frees.pop(step, {}), self._host_frees.pop(step, {})

@@ -181,6 +181,7 @@ class KVMemory:
             copies = _copies(devices[copied:keep], hosts[copied:keep])
             plan.swap_out.setdefault(model, []).extend(copies)
             self._inflight.land(table, keep, plan.step)
+            self._inflight.count_swaps(plan.step, keep - copied)
             self._release_devices(model, devices[copied:keep], plan.step)
             table.d2h_step = plan.step
         table.num_host_copied = keep
@@ -190,6 +191,17 @@ class KVMemory:
     def has_landed(self, request: Request) -> bool:
         """Whether a ROTARY request's host copies are all complete (it may swap in)."""
         return not self._inflight.is_pending(self._tables[request.id].d2h_step)
+
+    def is_resident(self, request: Request) -> bool:
+        """Whether a RUNNING request's KV is all on the device: no H2D copy into its
+        blocks is still in flight (it may be computed without waiting)."""
+        return not self._inflight.is_pending(self._tables[request.id].h2d_step)
+
+    @property
+    def num_swap_blocks_in_flight(self) -> int:
+        """Blocks of swap-in and preemption copies not complete yet, this step's
+        included (eager rotation's copies run on their own budget)."""
+        return self._inflight.num_swap_blocks
 
     def can_swap_in(self, request: Request) -> bool:
         pool = self._pools[request.model]
@@ -204,7 +216,7 @@ class KVMemory:
         devices = self._pools[model].allocate(self.blk(request))
         copies = _copies(devices[: len(table.hosts)], table.hosts)
         plan.swap_in.setdefault(model, []).extend(copies)
-        self._inflight.touch(plan.step)
+        self._inflight.count_swaps(plan.step, len(table.hosts))
         table.devices = devices
         table.h2d_step = plan.step
 

@@ -33,10 +33,16 @@ class Scheduler:
          ``max_batch_tokens``.
       4. Admissions in the decision's order, stopping at the first that does not fit:
          waiting requests get blocks and a first prefill chunk; rotary requests are
-         swapped in and join the batch next step (their H2D overlaps this step);
-         their ``t_run`` is that next step, so they run before they can rotate again.
+         swapped in (their H2D overlaps this step's forward pass).
       5. Eager rotation of SYNCED blocks.
     ``update`` applies the executor's result: KV progress, tokens, finished requests.
+
+    A swapped-in request joins the batch at the first step that finds its own H2D
+    copies complete: the next one when they take less than a step. Until then it holds
+    its blocks and sits out, so no step waits on another request's copies; its
+    ``t_run`` is the current step until it joins, so it runs before it can rotate
+    again. Swap copies still in flight count against B_xfer, so rotation never plans
+    more than the link moves.
     """
 
     def __init__(self, config: EngineConfig, memory: KVMemory, policy: Policy) -> None:
@@ -85,19 +91,20 @@ class Scheduler:
     def schedule(self, now: float, step: int) -> StepPlan:
         plan = StepPlan(step=step, released=self._released)
         self._released = []
-        # Requests swapped in last step start running now, when they join the batch:
-        # their VLT is 0 at this step's decision, so they run before they can rotate.
+        # Swapped-in requests start running when they join the batch; their VLT is 0 at
+        # this step's decision, so they run before they can rotate.
+        self._joining = [r for r in self._joining if r.state is RUNNING]
         for r in self._joining:
-            if r.state is RUNNING:
-                r.t_run = now
-        self._joining = []
+            r.t_run = now
+        self._joining = [r for r in self._joining if not self.memory.is_resident(r)]
+        sitting_out = {r.id for r in self._joining}
         self.memory.begin_step(plan)
         for q in self.queues.values():
             q.land(self.memory.has_landed)
         decodes: list[Request] = []
         prefills: list[Request] = []
         for model, q in self.queues.items():
-            reserved, prefilling = self._reserve_decodes(model, q, plan)
+            reserved, prefilling = self._reserve_decodes(model, q, plan, sitting_out)
             decodes += reserved
             prefills += prefilling
         decisions = {model: self._decide(model, q, plan, now) for model, q in self.queues.items()}
@@ -152,13 +159,14 @@ class Scheduler:
 
     # -- parts ---------------------------------------------------------------------------
     def _reserve_decodes(
-        self, model: str, q: RequestQueues, plan: StepPlan
+        self, model: str, q: RequestQueues, plan: StepPlan, sitting_out: set[str]
     ) -> tuple[list[Request], list[Request]]:
         """Blocks for the next token of each decoding request, oldest first.
 
         Returns the decoding requests that got a block and the running requests still
-        in prefill, in running order. Out of blocks, a request waits for blocks already
-        on their way (released by a preemption whose copies are in flight); if none are,
+        in prefill, in running order, leaving out those whose swap-in copies are in
+        flight (``sitting_out``). Out of blocks, a request waits for blocks already on
+        their way (released by a preemption whose copies are in flight); if none are,
         the latest arrival is preempted (vLLM's passive preemption), possibly the
         request itself.
         """
@@ -167,7 +175,7 @@ class Scheduler:
         memory = self.memory
         incoming = memory.num_incoming_blocks(model)
         for r in list(q.running.values()):
-            if r.state is not RUNNING:
+            if r.state is not RUNNING or r.id in sitting_out:
                 continue
             if r.is_prefill:
                 prefills.append(r)
@@ -187,7 +195,7 @@ class Scheduler:
         return decodes, prefills
 
     def _decide(self, model: str, q: RequestQueues, plan: StepPlan, now: float) -> Decision:
-        moved = plan.num_h2d_blocks + sum(map(len, plan.swap_out.values()))
+        moved = self.memory.num_swap_blocks_in_flight
         state = PolicyInput(
             model=model,
             now=now,

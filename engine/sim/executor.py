@@ -61,7 +61,7 @@ class SimulatedExecutor(Executor):
                 start = max(start, ready)
         h2d_done = self._transfers.pop_h2d_done(plan.step)
         if h2d_done is not None:
-            # These join the batch at the next step, once their blocks have landed.
+            # These join a later batch, once their blocks have landed.
             for request_id in plan.swapped_in:
                 self._ready_at[request_id] = h2d_done
         for request_id in plan.released:

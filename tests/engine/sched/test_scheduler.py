@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from shunter.engine.config import ModelSpec, RotationConfig
-from shunter.engine.request import RequestState
+from shunter.engine.core import EngineCore
+from shunter.engine.request import Request, RequestState
+from shunter.engine.sched.lvf import LvfPolicy
+from shunter.engine.sched.policy import Decision, PolicyInput
 from tests.engine.fakes import TINY, make_core, request, tiny_config
 
 NO_ROTATION = RotationConfig(eager=False)
@@ -70,6 +73,58 @@ def test_lvf_rotates_when_memory_limits_the_slots_it_may_fill() -> None:
         core.step()
     assert sum(r.num_preemptions for r in first) >= 1
     assert late.t_first_token is not None
+
+
+def _rotating_core(delay: int) -> tuple[EngineCore, list[Request]]:
+    """LVF with memory for about two of four long requests; copies complete ``delay``
+    steps after they are submitted."""
+    core, _ = make_core(tiny_config(kv_blocks=12, policy="lvf", xfer_budget=4), delay=delay)
+    requests = [request(f"r{i}", 8, 16) for i in range(4)]
+    for r in requests:
+        core.add_request(r)
+    return core, requests
+
+
+def test_swapped_in_requests_sit_out_until_their_own_copies_land() -> None:
+    core, requests = _rotating_core(delay=3)
+    landed: set[int] = set()
+    poll = core.transfers.poll
+
+    def spy_poll(now: float) -> list[int]:
+        done = poll(now)
+        landed.update(done)
+        return done
+
+    core.transfers.poll = spy_poll  # type: ignore[method-assign]
+    swapped_at: dict[str, int] = {}
+    sat_out = 0
+    while not core.is_idle():
+        core.step()
+        plan = core.executor.plans[-1]  # type: ignore[attr-defined]
+        for e in plan.batch:
+            if e.request_id in swapped_at:
+                assert swapped_at.pop(e.request_id) in landed, "computed before its copies"
+        sat_out += len(swapped_at)
+        swapped_at.update((rid, plan.step) for rid in plan.swapped_in)
+    assert sat_out > 0  # some copies outlasted a step: those requests waited, alone
+    assert all(r.num_output_tokens == 16 for r in requests)
+
+
+def test_swap_copies_in_flight_count_against_the_transfer_budget() -> None:
+    core, requests = _rotating_core(delay=3)
+    seen: list[tuple[int, int]] = []
+
+    class Spy(LvfPolicy):
+        def schedule(self, state: PolicyInput) -> Decision:
+            seen.append((state.xfer_budget, core.memory.num_swap_blocks_in_flight))
+            return super().schedule(state)
+
+    core.scheduler.policy = Spy()
+    while not core.is_idle():
+        core.step()
+    assert all(budget == max(0, 4 - in_flight) for budget, in_flight in seen)
+    assert any(in_flight > 0 for _, in_flight in seen)
+    assert all(r.num_output_tokens == 16 for r in requests)
 
 
 def test_models_share_one_arena_and_all_finish() -> None:

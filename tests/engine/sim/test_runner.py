@@ -92,11 +92,12 @@ def test_under_memory_pressure_requests_rotate_and_all_finish(policy: str) -> No
     assert run.peak_hbm_bytes <= 0.9 * SMALL_GPU.hbm_bytes
 
 
-def test_slow_swaps_stall_the_same_workload() -> None:
+def test_slow_swaps_delay_the_same_workload_without_stalling_steps() -> None:
+    # Swapped-in requests sit out until their own copies land: no step waits on them.
     fast = simulate(pressure("lvf"), PRESSURE)
     slow = simulate(pressure("lvf", swap_bandwidth_scale=0.05), PRESSURE)
     assert_all_finished(slow, PRESSURE)
-    assert slow.stall_s > fast.stall_s
+    assert slow.stall_s == fast.stall_s == 0.0
     assert slow.sim_duration_s > fast.sim_duration_s
 
 
