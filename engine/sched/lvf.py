@@ -40,9 +40,16 @@ class LvfPolicy(Policy):
     def schedule(self, state: PolicyInput) -> Decision:
         blk, free, slots = state.blk, state.num_free_blocks, state.num_free_slots
         candidates = [*state.waiting, *state.rotary]
-        costs = state.blks(candidates)
-        if free >= _admissible_blocks(candidates, costs, slots):
-            return Decision(admit=by_arrival(candidates))
+        # The contention check, on what the free running slots can admit this step.
+        if slots >= len(candidates):
+            costs = state.blks(candidates)
+            if free >= sum(costs):
+                return Decision(admit=by_arrival(candidates))
+        else:
+            fcfs = by_arrival(candidates)
+            if free >= sum(state.blks(fcfs[:slots])):
+                return Decision(admit=fcfs)
+            costs = state.blks(candidates)
 
         now = state.now
         head = sorted(range(len(candidates)), key=vlts(candidates, now).__getitem__, reverse=True)
@@ -63,15 +70,6 @@ class LvfPolicy(Policy):
                 decision.preempt.append(r)
                 need -= blk(r)
         return decision
-
-
-def _admissible_blocks(candidates: Sequence[Request], costs: Sequence[int], slots: int) -> int:
-    """Blocks of the candidates that FCFS would admit into ``slots`` free slots: all of
-    them when the slots suffice, else the earliest arrivals."""
-    if slots >= len(candidates):
-        return sum(costs)
-    fcfs = sorted(range(len(candidates)), key=lambda i: candidates[i].t_arr)
-    return sum(costs[i] for i in fcfs[:slots])
 
 
 def _tail_first(running: Sequence[Request], now: float) -> list[Request]:

@@ -24,7 +24,8 @@ class PolicyInput:
     arrival order; ``rotary`` lists ROTARY requests whose host copies have landed (the
     others cannot be swapped in yet), in preemption order. ``blk(r)`` is the number of
     device blocks r holds (RUNNING) or needs (otherwise), ``blks`` the same for many
-    requests in one call. ``xfer_budget`` is B_xfer.
+    requests in one call. ``xfer_budget`` is what B_xfer leaves after the swap copies
+    already planned this step or still in flight.
     ``can_rotate(r)`` says whether host swap space can take a running request's KV: a
     policy preempts only those proactively. ``num_free_slots`` is how many more
     requests the running cap lets run now (engine-wide, before this decision).
