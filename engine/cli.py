@@ -1,4 +1,4 @@
-"""Engine-side subcommands of ``shunter`` (simulate, bench, model, generate, ...).
+"""Engine-side subcommands of ``shunter`` (simulate, bench, model, generate, engine, ...).
 
 Imports nothing heavy at module level: ``shunter --help`` must stay fast.
 """
@@ -14,6 +14,7 @@ from typing import Any
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     """Add the engine's subcommands to the ``shunter`` parser."""
     from shunter.engine.exec.cli import add_bench_executor_parser, add_generate_parser
+    from shunter.engine.server.cli import add_engine_parser
     from shunter.engine.sim.cli import add_bench_simulator_parser, add_simulate_parser
 
     add_simulate_parser(sub)
@@ -24,6 +25,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     add_bench_executor_parser(benches)
     _add_model_commands(sub)
     add_generate_parser(sub)
+    add_engine_parser(sub)
 
 
 def _add_bench_scheduler_parser(benches: argparse._SubParsersAction[Any]) -> None:

@@ -194,6 +194,11 @@ class TorchEngine:
     def step(self) -> list[Output]:
         return self._outputs(self._step())
 
+    def step_with_stats(self) -> tuple[StepStats, list[Output]]:
+        """``step``, with the core's figures for the step (for servers and metrics)."""
+        stats = self._step()
+        return stats, self._outputs(stats)
+
     def _step(self) -> StepStats:
         stats = self.core.step()
         self.totals.add(stats)

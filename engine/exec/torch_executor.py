@@ -86,6 +86,11 @@ class TorchExecutor(Executor):
         stop = self._sequences[request_id].stop
         return stop.text, stop.finish_reason
 
+    def take_visible(self, request_id: str) -> str:
+        """The request's text not taken before that no stop string can still cut
+        (``StopChecker.take_visible``); readable as long as :meth:`output` is."""
+        return self._sequences[request_id].stop.take_visible()
+
     def execute(self, plan: StepPlan) -> StepResult:
         t_start = time.perf_counter()
         for request_id in plan.released:

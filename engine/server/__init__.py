@@ -1,0 +1,1 @@
+"""The engine's HTTP server: OpenAI-compatible API, control API and Prometheus metrics."""

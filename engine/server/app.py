@@ -1,0 +1,150 @@
+"""The aiohttp application: routes, auth, request ids, errors, and graceful shutdown.
+
+Routes: ``GET /health`` (no auth), ``GET /v1/models``, ``POST /v1/completions``,
+``POST /v1/chat/completions``, ``GET /metrics``, ``GET /admin/state``,
+``POST /admin/drain``. With a token set, every route but ``/health`` needs
+``Authorization: Bearer TOKEN``. Every error is an OpenAI error body, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from shunter.engine.server.context import STATE, ServerState
+from shunter.engine.server.errors import ApiError
+from shunter.engine.server.openai_api import chat_completions, completions
+from shunter.engine.server.state import engine_state
+
+log = logging.getLogger("shunter.engine.server")
+MAX_BODY_BYTES = 4 * 1024 * 1024
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def build_app(state: ServerState, *, max_body_bytes: int = MAX_BODY_BYTES) -> web.Application:
+    """The server's application. It starts ``state.loop`` on startup; on shutdown it stops
+    admitting, gives requests in flight ``state.grace_s`` seconds, aborts the rest and
+    stops the loop."""
+    app = web.Application(client_max_size=max_body_bytes, middlewares=[errors, request_ids, auth])
+    app[STATE] = state
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/admin/state", admin_state)
+    app.router.add_post("/admin/drain", admin_drain)
+    app.on_startup.append(_start)
+    app.on_shutdown.append(_shutdown)
+    app.on_cleanup.append(_cleanup)
+    return app
+
+
+@web.middleware
+async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as e:
+        return web.json_response(e.body(), status=e.status)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        kind = "invalid_request_error" if e.status < 500 else "server_error"
+        error = ApiError(e.status, e.reason, type=kind, code=None)
+        return web.json_response(error.body(), status=e.status)
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        error = ApiError(500, "Internal server error.", type="server_error")
+        return web.json_response(error.body(), status=500)
+
+
+@web.middleware
+async def request_ids(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Take ``X-Request-Id`` (or make one) and return it on every response."""
+    request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+    request["request_id"] = request_id
+    response = await handler(request)
+    if not response.prepared:
+        response.headers["X-Request-Id"] = request_id
+    return response
+
+
+@web.middleware
+async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+    token = request.app[STATE].token
+    if token and request.path != "/health":
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            raise ApiError(
+                401,
+                "Missing or invalid bearer token.",
+                type="authentication_error",
+                code="invalid_api_key",
+            )
+    return await handler(request)
+
+
+async def health(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if state.draining:
+        return web.json_response({"status": "draining"}, status=503)
+    return web.json_response({"status": "ok"})
+
+
+async def list_models(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    data = [
+        {
+            "id": name,
+            "object": "model",
+            "created": state.started,
+            "owned_by": "shunter",
+            "max_model_len": served.max_context,
+        }
+        for name, served in state.models.items()
+    ]
+    return web.json_response({"object": "list", "data": data})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[STATE].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
+
+
+async def admin_state(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    snapshot = await state.loop.call(lambda: engine_state(state.loop, state.models))
+    snapshot["draining"] = state.draining
+    return web.json_response(snapshot)
+
+
+async def admin_drain(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    state.draining = True
+    return web.json_response({"draining": True, "streams": state.loop.num_streams})
+
+
+async def _start(app: web.Application) -> None:
+    app[STATE].loop.start()
+
+
+async def _shutdown(app: web.Application) -> None:
+    state = app[STATE]
+    state.draining = True
+    deadline = time.monotonic() + state.grace_s
+    while state.loop.num_streams and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    # Anything still running gets an abort delta and ends its response.
+    await asyncio.to_thread(state.loop.stop)
+
+
+async def _cleanup(app: web.Application) -> None:
+    await asyncio.to_thread(app[STATE].loop.stop)

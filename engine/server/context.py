@@ -1,0 +1,50 @@
+"""What every route of a server shares: its models, engine loop, metrics and settings."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from shunter.engine.config import SloSpec
+from shunter.engine.server.errors import unavailable
+from shunter.engine.server.loop import EngineLoop
+from shunter.engine.server.metrics import ServerMetrics
+from shunter.engine.server.models import ServedModel
+from shunter.engine.server.protocol import GenerationRequest
+
+
+@dataclass
+class ServerState:
+    """One server. ``token`` (None: no auth) guards every route but ``/health``;
+    ``draining`` refuses new generation requests; on shutdown, requests in flight get
+    ``grace_s`` seconds to finish before they are aborted."""
+
+    models: Mapping[str, ServedModel]
+    loop: EngineLoop
+    metrics: ServerMetrics
+    token: str | None = None
+    grace_s: float = 30.0
+    draining: bool = False
+    started: int = field(default_factory=lambda: int(time.time()))
+
+    def slo_of(self, model: str) -> SloSpec | None:
+        return self.models[model].arg.slo
+
+    def check_capacity(self, gen: GenerationRequest) -> None:
+        """503 when one choice could never fit the model's device KV blocks."""
+        memory = self.loop.engine.core.memory
+        total = memory.num_total_blocks(gen.model)
+        for prompt in gen.prompts:
+            need = memory.num_blocks(len(prompt) + gen.params.max_tokens)
+            if need > total:
+                raise unavailable(
+                    f"The engine cannot admit this request: {len(prompt)} prompt tokens plus "
+                    f"max_tokens {gen.params.max_tokens} need {need} KV blocks, and model "
+                    f"{gen.model!r} has {total}."
+                )
+
+
+STATE = web.AppKey("state", ServerState)

@@ -1,0 +1,226 @@
+"""The engine loop: one thread that owns the TorchEngine and steps it while work exists.
+
+Only this thread touches the engine. The HTTP side sends it commands (add requests,
+abort one, run a function and return its result) through a queue; the thread blocks on
+that queue when the engine is idle, so an idle server does not spin. After each step it
+hands every request's new tokens and text to the request's ``Stream``, an asyncio queue
+read by the HTTP handler on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from shunter.engine.config import SloSpec
+from shunter.engine.core import StepStats
+from shunter.engine.exec.params import SamplingParams
+from shunter.engine.exec.serving import TorchEngine
+from shunter.engine.request import Request
+from shunter.engine.server.metrics import ServerMetrics
+
+log = logging.getLogger("shunter.engine.server")
+T = TypeVar("T")
+RECENT_STEPS = 64
+ABORTED = "abort"
+
+
+@dataclass(frozen=True)
+class Delta:
+    """New output of one request: token ids, the text they made visible, and the finish
+    reason once it ended (``"stop"``, ``"length"``, or ``"abort"`` with ``error``)."""
+
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+class Stream:
+    """One engine request (one choice of an HTTP request) as its handler follows it:
+    each Delta arrives in ``sink`` as ``(index, delta)``, on the event loop ``loop``.
+    The choices of one HTTP request share one sink."""
+
+    def __init__(
+        self,
+        index: int,
+        model: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        slo: SloSpec | None,
+        sink: asyncio.Queue[tuple[int, Delta]],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.index = index
+        self.model = model
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.slo = slo
+        self.sink = sink
+        self.request: Request | None = None
+        self.num_sent = 0
+        self.num_preemptions = 0
+        self._loop = loop
+
+    @property
+    def request_id(self) -> str | None:
+        return None if self.request is None else self.request.id
+
+    def put(self, delta: Delta) -> None:
+        self._loop.call_soon_threadsafe(self.sink.put_nowait, (self.index, delta))
+
+
+class EngineLoop:
+    """Steps ``engine`` on a thread of its own; see the module docstring."""
+
+    def __init__(self, engine: TorchEngine, metrics: ServerMetrics) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.recent_steps: deque[StepStats] = deque(maxlen=RECENT_STEPS)
+        self.bytes_moved = {"d2h": 0, "h2d": 0}
+        self._streams: dict[str, Stream] = {}
+        self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+
+    # -- from any thread ---------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Abort every live request and end the thread (once; later calls return)."""
+        if not self._thread.is_alive():
+            return
+        self._commands.put(self._stop)
+        self._thread.join()
+
+    def submit(self, streams: Sequence[Stream]) -> None:
+        self._commands.put(lambda: self._add(streams))
+
+    def abort(self, stream: Stream) -> None:
+        self._commands.put(lambda: self._abort(stream, None))
+
+    async def call(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the engine thread between steps and return its result."""
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                future.set_result(fn())
+            except Exception as e:  # handed to the caller
+                future.set_exception(e)
+
+        self._commands.put(run)
+        return await asyncio.wrap_future(future)
+
+    @property
+    def num_streams(self) -> int:
+        return len(self._streams)
+
+    # -- on the engine thread ----------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stopped:
+            self._drain(block=self.engine.core.is_idle())
+            if self._stopped or self.engine.core.is_idle():
+                continue
+            try:
+                self._step()
+            except Exception:
+                log.exception("engine step failed; aborting every live request")
+                for stream in list(self._streams.values()):
+                    self._abort(stream, "the engine failed while running this request")
+
+    def _drain(self, *, block: bool) -> None:
+        try:
+            command = self._commands.get(block=block)
+        except queue.Empty:
+            return
+        while True:
+            command()
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _stop(self) -> None:
+        for stream in list(self._streams.values()):
+            self._abort(stream, "the engine is shutting down")
+        self._stopped = True
+
+    def _add(self, streams: Sequence[Stream]) -> None:
+        core = self.engine.core
+        for stream in streams:
+            try:
+                kwargs = {} if stream.slo is None else {"slo": stream.slo}
+                request_id = self.engine.add_request(
+                    stream.model, stream.prompt_ids, stream.params, **kwargs
+                )
+            except ValueError as e:
+                stream.put(Delta([], "", ABORTED, str(e)))
+                continue
+            stream.request = core.scheduler.requests[request_id]
+            self._streams[request_id] = stream
+            self.metrics.prompt_tokens.labels(stream.model).inc(len(stream.prompt_ids))
+
+    def _abort(self, stream: Stream, error: str | None) -> None:
+        request_id = stream.request_id
+        if request_id is None or self._streams.pop(request_id, None) is None:
+            return
+        self.engine.core.abort(request_id)
+        if error is not None:
+            stream.put(Delta([], "", ABORTED, error))
+
+    def _step(self) -> None:
+        stats, outputs = self.engine.step_with_stats()
+        self.recent_steps.append(stats)
+        finished = {o.request_id: o for o in outputs}
+        metrics = self.metrics
+        for request_id, stream in list(self._streams.items()):
+            request = stream.request
+            assert request is not None
+            if request.num_preemptions != stream.num_preemptions:
+                metrics.preemptions.labels(stream.model).inc(
+                    request.num_preemptions - stream.num_preemptions
+                )
+                stream.num_preemptions = request.num_preemptions
+            output = finished.get(request_id)
+            new = request.output_token_ids[stream.num_sent :]
+            if not new and output is None:
+                continue
+            text = self.engine.executor.take_visible(request_id)
+            metrics.on_tokens(request, stream.num_sent)
+            stream.num_sent += len(new)
+            if output is None:
+                stream.put(Delta(new, text))
+            else:
+                del self._streams[request_id]
+                metrics.on_finish(request, output.finish_reason)
+                stream.put(Delta(new, text, output.finish_reason))
+        self._observe(stats)
+        if not (stats.num_batch_tokens or stats.d2h_blocks or stats.h2d_blocks or outputs):
+            if self.engine.core.memory.num_pending_steps:
+                self.engine.transfers.synchronize()
+            else:
+                time.sleep(0.001)  # nothing runnable this step: do not spin
+
+    def _observe(self, stats: StepStats) -> None:
+        metrics, core = self.metrics, self.engine.core
+        metrics.step_seconds.observe(stats.duration_s)
+        metrics.rotations.inc(stats.num_swapped_in)
+        for direction, nbytes in (("d2h", stats.d2h_bytes), ("h2d", stats.h2d_bytes)):
+            self.bytes_moved[direction] += nbytes
+            metrics.swapped_bytes.labels(direction).inc(nbytes)
+        metrics.remapped_layers.set(self.engine.totals.remapped_layers_max)
+        for model, q in core.scheduler.queues.items():
+            metrics.running.labels(model).set(len(q.running))
+            metrics.waiting.labels(model).set(len(q.waiting))
+            metrics.rotary.labels(model).set(len(q.rotary) + len(q.landing))
+            metrics.kv_usage.labels(model).set(core.memory.usage(model))

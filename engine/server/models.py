@@ -1,0 +1,111 @@
+"""The models a server serves: name, directory, sharing mode, tokenizer, chat template.
+
+A model's chat template comes from its ``tokenizer_config.json`` (``chat_template``),
+rendered with Jinja2 in a sandbox. Without one, ``DEFAULT_CHAT_TEMPLATE`` applies:
+ChatML (``<|im_start|>role\\ncontent<|im_end|>\\n`` per message, then
+``<|im_start|>assistant\\n``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+from shunter.engine.config import ModelSpec, SloSpec
+
+DEFAULT_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+SHARING_MODES = ("spatial", "temporal")
+
+
+@dataclass(frozen=True)
+class ModelArg:
+    """One served model as configured: ``name``, directory, sharing mode, priority and
+    the SLO class of its requests (None: the engine's default)."""
+
+    name: str
+    path: Path
+    sharing: str = "spatial"
+    priority: int = 0
+    slo: SloSpec | None = None
+
+    def __post_init__(self) -> None:
+        if self.sharing not in SHARING_MODES:
+            raise ValueError(
+                f"model {self.name!r}: sharing must be one of {', '.join(SHARING_MODES)}, "
+                f"got {self.sharing!r}"
+            )
+
+
+def parse_model_arg(value: str) -> ModelArg:
+    """``NAME=DIR[:temporal|spatial]``."""
+    name, sep, rest = value.partition("=")
+    if not sep or not name or not rest:
+        raise ValueError(f"expected NAME=DIR[:temporal|spatial], got {value!r}")
+    path, colon, mode = rest.rpartition(":")
+    if colon and mode in SHARING_MODES:
+        return ModelArg(name, Path(path), mode)
+    return ModelArg(name, Path(rest))
+
+
+@dataclass
+class ServedModel:
+    """A model as the HTTP layer sees it: tokenizer, chat template, context length."""
+
+    arg: ModelArg
+    spec: ModelSpec
+    tokenizer: Tokenizer
+    template_source: str
+    special_tokens: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.arg.name
+
+    @property
+    def max_context(self) -> int:
+        return self.spec.max_context
+
+    @property
+    def vocab_size(self) -> int:
+        return self.spec.vocab_size
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = self.tokenizer.encode(text).ids
+        return ids
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        template = _ENV.from_string(self.template_source)
+        text: str = template.render(
+            messages=messages, add_generation_prompt=True, **self.special_tokens
+        )
+        return text
+
+
+_ENV = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+
+def load_served_model(arg: ModelArg, spec: ModelSpec) -> ServedModel:
+    tokenizer = Tokenizer.from_file(str(arg.path / "tokenizer.json"))
+    config: dict[str, Any] = {}
+    config_path = arg.path / "tokenizer_config.json"
+    if config_path.is_file():
+        config = json.loads(config_path.read_text())
+    template = config.get("chat_template")
+    if not isinstance(template, str):
+        template = DEFAULT_CHAT_TEMPLATE
+    special = {
+        key: value
+        for key in ("bos_token", "eos_token")
+        if isinstance(value := config.get(key), str)
+    }
+    return ServedModel(arg, spec, tokenizer, template, special)

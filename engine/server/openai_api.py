@@ -1,0 +1,251 @@
+"""``POST /v1/completions`` and ``POST /v1/chat/completions``: parse, run, answer.
+
+Each choice is one engine request (a Stream). Streaming answers are server-sent events,
+one ``data: {...}`` chunk per step that made text visible, then ``data: [DONE]``. When
+the handler ends early (the client went away, the write failed, the server stops) every
+choice still running is aborted, which frees its blocks at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from shunter.engine.config import SloSpec
+from shunter.engine.server.context import STATE, ServerState
+from shunter.engine.server.errors import ApiError, bad_request, model_not_found, unavailable
+from shunter.engine.server.loop import ABORTED, Delta, Stream
+from shunter.engine.server.protocol import (
+    GenerationRequest,
+    model_name,
+    parse_chat,
+    parse_completion,
+)
+
+
+@dataclass
+class _Choice:
+    index: int
+    prompt_tokens: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+class _Call:
+    """One HTTP generation request: its choices' streams and the response format."""
+
+    def __init__(self, chat: bool, request_id: str, model: str, extras: dict[str, Any]) -> None:
+        self.chat = chat
+        self.id = ("chatcmpl-" if chat else "cmpl-") + request_id
+        self.model = model
+        self.created = int(time.time())
+        self.return_token_ids = bool(extras.get("return_token_ids"))
+
+    @property
+    def object(self) -> str:
+        return "chat.completion" if self.chat else "text_completion"
+
+    def envelope(self, choices: list[dict[str, Any]], *, chunk: bool) -> dict[str, Any]:
+        obj = self.object + (".chunk" if chunk and self.chat else "")
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+
+    def choice(self, c: _Choice, text: str, token_ids: list[int], finish: str | None,
+               *, chunk: bool, first: bool = False) -> dict[str, Any]:  # fmt: skip
+        out: dict[str, Any] = {"index": c.index}
+        if self.chat:
+            if chunk:
+                out["delta"] = {"role": "assistant", "content": ""} if first else {"content": text}
+            else:
+                out["message"] = {"role": "assistant", "content": text}
+        else:
+            out["text"] = text
+        out["logprobs"] = None
+        out["finish_reason"] = finish
+        if self.return_token_ids:
+            out["token_ids"] = token_ids
+        return out
+
+
+def usage(choices: list[_Choice], prompts: list[list[int]]) -> dict[str, int]:
+    prompt = sum(len(p) for p in prompts)
+    completion = sum(len(c.token_ids) for c in choices)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, chat=False)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, chat=True)
+
+
+async def read_json(request: web.Request) -> Any:
+    """The body as JSON: 413 past the size limit, 400 if not UTF-8 JSON."""
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as e:
+        raise ApiError(
+            413, f"The request body is too large: {e.text}.",
+            code="request_too_large",
+        ) from None  # fmt: skip
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise bad_request("The request body is not valid UTF-8.") from None
+    except json.JSONDecodeError as e:
+        raise bad_request(f"The request body is not valid JSON: {e}.") from None
+
+
+EXTRAS = ("return_token_ids",)
+
+
+async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
+    state: ServerState = request.app[STATE]
+    body = await read_json(request)
+    name = model_name(body)
+    served = state.models.get(name)
+    if served is None:
+        raise model_not_found(name)
+    if state.draining:
+        raise unavailable("The engine is draining and admits no new requests.")
+    extras = {key: body.pop(key) for key in EXTRAS if key in body}
+    gen = parse_chat(body, served) if chat else parse_completion(body, served)
+    state.check_capacity(gen)
+    slo = slo_from_header(request.headers.get("X-Shunter-Slo"), state.slo_of(name))
+    call = _Call(chat, request["request_id"], name, extras)
+    loop = asyncio.get_running_loop()
+    sink: asyncio.Queue[tuple[int, Delta]] = asyncio.Queue()
+    streams = []
+    choices = []
+    for p, prompt in enumerate(gen.prompts):
+        for i in range(gen.n):
+            index = p * gen.n + i
+            params = gen.params
+            if params.seed is not None and i:
+                params = dataclasses.replace(params, seed=(params.seed + i) % 2**63)
+            streams.append(Stream(index, name, prompt, params, slo, sink, loop))
+            choices.append(_Choice(index, len(prompt)))
+    state.loop.submit(streams)
+    try:
+        if gen.stream:
+            return await _stream(request, call, gen, choices, sink)
+        return await _collect(call, gen, choices, sink)
+    finally:
+        for stream, c in zip(streams, choices, strict=True):
+            if c.finish_reason is None:
+                state.loop.abort(stream)
+
+
+async def _deltas(
+    choices: list[_Choice], sink: asyncio.Queue[tuple[int, Delta]]
+) -> AsyncIterator[tuple[_Choice, Delta]]:
+    left = len(choices)
+    while left:
+        index, delta = await sink.get()
+        c = choices[index]
+        c.text += delta.text
+        c.token_ids += delta.token_ids
+        if delta.finish_reason is not None:
+            c.finish_reason = delta.finish_reason
+            left -= 1
+        yield c, delta
+
+
+async def _collect(
+    call: _Call, gen: GenerationRequest, choices: list[_Choice],
+    sink: asyncio.Queue[tuple[int, Delta]],
+) -> web.Response:  # fmt: skip
+    async for _, delta in _deltas(choices, sink):
+        if delta.finish_reason == ABORTED:
+            raise unavailable(f"The request was aborted: {delta.error}")
+    body = call.envelope(
+        [call.choice(c, c.text, c.token_ids, c.finish_reason, chunk=False) for c in choices],
+        chunk=False,
+    )
+    body["usage"] = usage(choices, gen.prompts)
+    return web.json_response(body)
+
+
+async def _stream(
+    request: web.Request, call: _Call, gen: GenerationRequest, choices: list[_Choice],
+    sink: asyncio.Queue[tuple[int, Delta]],
+) -> web.StreamResponse:  # fmt: skip
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await response.prepare(request)
+
+    async def send(payload: dict[str, Any]) -> None:
+        if gen.include_usage:
+            payload["usage"] = None
+        await response.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
+
+    started: set[int] = set()
+    async for c, delta in _deltas(choices, sink):
+        if delta.finish_reason == ABORTED:
+            error = unavailable(f"The request was aborted: {delta.error}")
+            await response.write(b"data: " + json.dumps(error.body()).encode() + b"\n\n")
+            break
+        first = c.index not in started
+        started.add(c.index)
+        if call.chat and first:
+            await send(
+                call.envelope([call.choice(c, "", [], None, chunk=True, first=True)], chunk=True)
+            )
+        if delta.text or delta.finish_reason is not None or delta.token_ids:
+            finish = delta.finish_reason
+            await send(call.envelope(
+                [call.choice(c, delta.text, delta.token_ids, finish, chunk=True)], chunk=True
+            ))  # fmt: skip
+    else:
+        if gen.include_usage:
+            final = call.envelope([], chunk=True)
+            final["usage"] = usage(choices, gen.prompts)
+            await response.write(b"data: " + json.dumps(final).encode() + b"\n\n")
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+def slo_from_header(value: str | None, default: SloSpec | None) -> SloSpec | None:
+    """``X-Shunter-Slo: class=NAME,ttft_ms=N,tbt_ms=N`` (from the gateway); fields left out
+    keep the model's default class."""
+    if not value:
+        return default
+    fields: dict[str, str] = {}
+    for part in value.replace(";", ",").split(","):
+        key, sep, v = part.strip().partition("=")
+        if not sep or key not in ("class", "ttft_ms", "tbt_ms"):
+            raise bad_request(
+                f"X-Shunter-Slo: expected class=NAME,ttft_ms=N,tbt_ms=N, got {value!r}."
+            )
+        fields[key] = v.strip()
+    base = default or SloSpec("default", ttft_s=5.0, tbt_s=0.1)
+    try:
+        return dataclasses.replace(
+            base,
+            name=fields.get("class", base.name),
+            ttft_s=float(fields["ttft_ms"]) / 1000 if "ttft_ms" in fields else base.ttft_s,
+            tbt_s=float(fields["tbt_ms"]) / 1000 if "tbt_ms" in fields else base.tbt_s,
+        )
+    except ValueError as e:
+        raise bad_request(f"X-Shunter-Slo: {e}.") from None

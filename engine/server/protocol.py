@@ -1,0 +1,302 @@
+"""Request bodies of ``/v1/completions`` and ``/v1/chat/completions``, checked and turned
+into what the engine runs.
+
+Pure parsing, no torch: every mistake becomes a 400 ``ApiError`` naming the parameter.
+Unknown fields are refused, so a misspelt parameter never passes silently.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from shunter.engine.exec.params import SamplingParams
+from shunter.engine.server.errors import bad_request
+
+MAX_N = 8
+MAX_STOP = 4
+# The OpenAI API's default for /v1/completions; chat defaults to the rest of the context.
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
+_COMMON = {
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "n",
+    "stream",
+    "stream_options",
+    "presence_penalty",
+    "frequency_penalty",
+    "user",
+    "ignore_eos",
+    "min_tokens",
+    "logprobs",
+}
+COMPLETION_FIELDS = _COMMON | {"prompt"}
+CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs"}
+ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
+class ServedModelInfo(Protocol):
+    """What parsing needs to know of a served model."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def max_context(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str: ...
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """A parsed request: ``prompts`` (token ids; several for a completions list), each
+    answered with ``n`` choices of ``params``; ``stream`` and ``include_usage`` say how."""
+
+    model: str
+    prompts: list[list[int]]
+    params: SamplingParams
+    n: int
+    stream: bool
+    include_usage: bool
+
+    @property
+    def num_choices(self) -> int:
+        return len(self.prompts) * self.n
+
+
+def model_name(body: Any) -> str:
+    """The ``model`` field of a JSON object body (400 if the body is not one)."""
+    if not isinstance(body, dict):
+        raise bad_request("The request body must be a JSON object.")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("'model' is required and must be a non-empty string.", "model")
+    return model
+
+
+def parse_completion(body: dict[str, Any], info: ServedModelInfo) -> GenerationRequest:
+    _check_fields(body, COMPLETION_FIELDS)
+    if body.get("logprobs") is not None:
+        raise bad_request("'logprobs' is not supported by this engine.", "logprobs")
+    prompts = [_prompt_ids(p, info) for p in _prompt_list(body.get("prompt"))]
+    default = COMPLETIONS_DEFAULT_MAX_TOKENS
+    max_tokens = _int(body, "max_tokens", 1, None, None)
+    return _request(body, info, prompts, max_tokens, default)
+
+
+def parse_chat(body: dict[str, Any], info: ServedModelInfo) -> GenerationRequest:
+    _check_fields(body, CHAT_FIELDS)
+    if body.get("logprobs") not in (None, False) or body.get("top_logprobs") is not None:
+        raise bad_request("'logprobs' and 'top_logprobs' are not supported.", "logprobs")
+    messages = _messages(body.get("messages"))
+    prompt = _prompt_ids(info.render_chat(messages), info)
+    max_tokens = _int(body, "max_completion_tokens", 1, None, None)
+    if max_tokens is None:
+        max_tokens = _int(body, "max_tokens", 1, None, None)
+    return _request(body, info, [prompt], max_tokens, None)
+
+
+def _request(
+    body: dict[str, Any],
+    info: ServedModelInfo,
+    prompts: list[list[int]],
+    max_tokens: int | None,
+    default_max_tokens: int | None,
+) -> GenerationRequest:
+    longest = max(len(p) for p in prompts)
+    if max_tokens is None:
+        max_tokens = info.max_context - longest
+        if default_max_tokens is not None:
+            max_tokens = min(max_tokens, default_max_tokens)
+        if max_tokens <= 0:
+            raise bad_request(
+                f"This model's maximum context length is {info.max_context} tokens, and "
+                f"the prompt has {longest}: no room is left for output.",
+                "messages" if "messages" in body else "prompt",
+            )
+    elif longest + max_tokens > info.max_context:
+        raise bad_request(
+            f"This model's maximum context length is {info.max_context} tokens. However, "
+            f"you requested {longest + max_tokens} tokens ({longest} in the prompt, "
+            f"{max_tokens} for the completion). Please reduce the prompt or max_tokens.",
+            "max_tokens",
+        )
+    for name in ("presence_penalty", "frequency_penalty"):
+        if _float(body, name, -2.0, 2.0, 0.0) != 0.0:
+            raise bad_request(f"'{name}' other than 0 is not supported.", name)
+    if "user" in body and not isinstance(body["user"], str):
+        raise bad_request("'user' must be a string.", "user")
+    stream = _bool(body, "stream", False)
+    options = body.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not stream:
+            raise bad_request("'stream_options' is only allowed with 'stream': true.")
+        if not isinstance(options, dict) or set(options) - {"include_usage"}:
+            raise bad_request("'stream_options' may only hold 'include_usage'.")
+        include_usage = _bool(options, "include_usage", False)
+    seed = _int(body, "seed", -(2**63), 2**63 - 1, None)
+    params = SamplingParams(
+        temperature=_float(body, "temperature", 0.0, 2.0, 1.0),
+        top_p=_float(body, "top_p", 0.0, 1.0, 1.0, open_low=True),
+        top_k=_top_k(body),
+        seed=None if seed is None else seed % 2**63,
+        max_tokens=max_tokens,
+        min_tokens=_min_tokens(body, max_tokens),
+        stop=_stop(body.get("stop")),
+        ignore_eos=_bool(body, "ignore_eos", False),
+    )
+    return GenerationRequest(
+        model=info.name,
+        prompts=prompts,
+        params=params,
+        n=_int(body, "n", 1, MAX_N, 1) or 1,
+        stream=stream,
+        include_usage=include_usage,
+    )
+
+
+def _check_fields(body: dict[str, Any], allowed: set[str]) -> None:
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise bad_request(f"Unknown parameter: {unknown[0]!r}.", unknown[0])
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int(
+    body: dict[str, Any], name: str, lo: int, hi: int | None, default: int | None
+) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not _is_int(value):
+        raise bad_request(f"'{name}' must be an integer.", name)
+    if value < lo or (hi is not None and value > hi):
+        bounds = f">= {lo}" if hi is None else f"between {lo} and {hi}"
+        raise bad_request(f"'{name}' must be {bounds}, got {value}.", name)
+    return int(value)
+
+
+def _float(
+    body: dict[str, Any], name: str, lo: float, hi: float, default: float, *, open_low: bool = False
+) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not (_is_int(value) or isinstance(value, float)) or not math.isfinite(value):
+        raise bad_request(f"'{name}' must be a number.", name)
+    if value < lo or value > hi or (open_low and value == lo):
+        low = "(" if open_low else "["
+        raise bad_request(f"'{name}' must be in {low}{lo}, {hi}], got {value}.", name)
+    return float(value)
+
+
+def _bool(body: dict[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad_request(f"'{name}' must be a boolean.", name)
+    return value
+
+
+def _top_k(body: dict[str, Any]) -> int:
+    value = body.get("top_k")
+    if value is None or value == -1:  # vLLM's "off"
+        return 0
+    return _int(body, "top_k", 0, None, 0) or 0
+
+
+def _min_tokens(body: dict[str, Any], max_tokens: int) -> int:
+    value = _int(body, "min_tokens", 0, None, 0) or 0
+    if value > max_tokens:
+        raise bad_request(
+            f"'min_tokens' ({value}) must not exceed max_tokens ({max_tokens}).", "min_tokens"
+        )
+    return value
+
+
+def _stop(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise bad_request("'stop' must be a non-empty string or a list of them.", "stop")
+    if len(stops) > MAX_STOP:
+        raise bad_request(f"'stop' takes at most {MAX_STOP} strings.", "stop")
+    return tuple(stops)
+
+
+def _prompt_list(prompt: Any) -> list[str | list[int]]:
+    """A completions prompt: a string, a list of strings, token ids, or lists of them."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and prompt:
+        if all(_is_int(t) for t in prompt):
+            return [prompt]
+        if all(isinstance(p, str) for p in prompt):
+            return list(prompt)
+        if all(isinstance(p, list) and p and all(_is_int(t) for t in p) for p in prompt):
+            return list(prompt)
+    raise bad_request(
+        "'prompt' must be a string, a list of strings, a list of token ids or a list of "
+        "lists of token ids, and must not be empty.",
+        "prompt",
+    )
+
+
+def _prompt_ids(prompt: str | list[int], info: ServedModelInfo) -> list[int]:
+    ids = info.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    if not ids:
+        raise bad_request("The prompt has no tokens.", "prompt")
+    if min(ids) < 0 or max(ids) >= info.vocab_size:
+        bad = min(ids) if min(ids) < 0 else max(ids)
+        raise bad_request(
+            f"Token id {bad} is outside the vocabulary of model {info.name!r} "
+            f"({info.vocab_size} tokens).",
+            "prompt",
+        )
+    return ids
+
+
+def _messages(value: Any) -> list[dict[str, str]]:
+    if not isinstance(value, list) or not value:
+        raise bad_request("'messages' must be a non-empty list.", "messages")
+    out = []
+    for i, message in enumerate(value):
+        if not isinstance(message, dict) or message.get("role") not in ROLES:
+            raise bad_request(
+                f"messages[{i}] must be an object with 'role' one of {', '.join(ROLES)}.",
+                "messages",
+            )
+        out.append({"role": message["role"], "content": _content(message.get("content"), i)})
+    return out
+
+
+def _content(content: Any, i: int) -> str:
+    """A message's text: a string, or a list of ``{"type": "text", "text": ...}`` parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        for p in content
+    ):
+        return "".join(p["text"] for p in content)
+    raise bad_request(
+        f"messages[{i}].content must be a string or a list of text parts.", "messages"
+    )

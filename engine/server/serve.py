@@ -1,0 +1,55 @@
+"""Build a server from its settings: size the arena, load the models, start nothing yet."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from shunter.engine.config import EngineConfig, SchedulerConfig
+from shunter.engine.exec.serving import TorchEngine, model_specs
+from shunter.engine.exec.sizing import KVNeed, serving_config
+from shunter.engine.server.context import ServerState
+from shunter.engine.server.loop import EngineLoop
+from shunter.engine.server.metrics import ServerMetrics
+from shunter.engine.server.models import load_served_model
+from shunter.engine.server.settings import EngineSettings
+
+
+def engine_config(settings: EngineSettings, *, check_integrity: bool = False) -> EngineConfig:
+    """Without ``hbm_budget``: room for ``kv_tokens`` tokens of each model (in whole
+    contexts). With it: an arena of that many bytes, which must hold one full context of
+    each model. GenerateError says what does not fit."""
+    specs = model_specs({m.name: m.path for m in settings.models})
+    needs = []
+    for spec in specs:
+        contexts = 1 if settings.hbm_budget else max(1, -(-settings.kv_tokens // spec.max_context))
+        where = f"of {spec.max_context} tokens (a full context of {spec.name})"
+        needs += [KVNeed(where, spec.name, spec.max_context)] * contexts
+    config = serving_config(
+        specs, needs, hbm_budget=settings.hbm_budget, check_integrity=check_integrity
+    )
+    return dataclasses.replace(config, scheduler=SchedulerConfig(policy=settings.policy))
+
+
+def build_state(
+    settings: EngineSettings,
+    device: torch.device,
+    *,
+    token: str | None = None,
+    check_integrity: bool = False,
+) -> ServerState:
+    config = engine_config(settings, check_integrity=check_integrity)
+    engine = TorchEngine({m.name: m.path for m in settings.models}, config, device=device)
+    served = {
+        m.name: load_served_model(m, spec)
+        for m, spec in zip(settings.models, config.models, strict=True)
+    }
+    metrics = ServerMetrics(list(served))
+    return ServerState(
+        models=served,
+        loop=EngineLoop(engine, metrics),
+        metrics=metrics,
+        token=token,
+        grace_s=settings.grace_s,
+    )

@@ -1,0 +1,134 @@
+"""What ``shunter engine`` runs: models, SLO classes and engine knobs, from ``--model``
+flags and an optional TOML file (``deploy/engine.toml`` is an example).
+
+Pure parsing, no torch: every mistake is a ``SettingsError`` naming the key at fault.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shunter.engine.config import POLICIES, SloSpec
+from shunter.engine.server.models import ModelArg, parse_model_arg
+
+DEFAULT_KV_TOKENS = 65536
+TOP_KEYS = {"device", "hbm_budget", "kv_tokens", "policy", "grace_s", "slo_classes", "models"}
+MODEL_KEYS = {"name", "path", "sharing", "priority", "slo"}
+SLO_KEYS = {"ttft_ms", "tbt_ms", "alpha", "beta_b", "beta_f"}
+
+
+class SettingsError(Exception):
+    """Settings the engine cannot start with; the message is for the user."""
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """``kv_tokens`` sizes each model's KV (ignored with ``hbm_budget``, the arena's
+    bytes); ``grace_s`` is how long shutdown waits for requests in flight."""
+
+    models: tuple[ModelArg, ...]
+    device: str | None = None
+    hbm_budget: int | None = None
+    kv_tokens: int = DEFAULT_KV_TOKENS
+    policy: str = "lvf"
+    grace_s: float = 30.0
+    slo_classes: dict[str, SloSpec] = field(default_factory=dict)
+
+
+def load_settings(config: Path | None, model_flags: Sequence[str]) -> EngineSettings:
+    """The settings of ``config`` (a TOML file) with the ``--model`` flags' models added."""
+    data: dict[str, Any] = {}
+    if config is not None:
+        try:
+            data = tomllib.loads(config.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise SettingsError(f"{config}: {e}") from None
+    where = str(config) if config else "settings"
+    _no_unknown(data, TOP_KEYS, where)
+    slos = {name: _slo(name, spec, where) for name, spec in data.get("slo_classes", {}).items()}
+    models = [
+        _model(m, slos, f"{where}: models[{i}]") for i, m in enumerate(data.get("models", []))
+    ]
+    for flag in model_flags:
+        try:
+            models.append(parse_model_arg(flag))
+        except ValueError as e:
+            raise SettingsError(f"--model: {e}") from None
+    if not models:
+        raise SettingsError("no models: give --model NAME=DIR or a config with [[models]]")
+    names = [m.name for m in models]
+    if len(set(names)) != len(names):
+        raise SettingsError(f"model names must be unique, got {names}")
+    policy = data.get("policy", "lvf")
+    if policy not in POLICIES:
+        raise SettingsError(f"{where}: policy must be one of {', '.join(POLICIES)}")
+    return EngineSettings(
+        models=tuple(models),
+        device=_typed(data, "device", str, where),
+        hbm_budget=_typed(data, "hbm_budget", int, where),
+        kv_tokens=_typed(data, "kv_tokens", int, where) or DEFAULT_KV_TOKENS,
+        policy=policy,
+        grace_s=float(_typed(data, "grace_s", (int, float), where) or 30.0),
+        slo_classes=slos,
+    )
+
+
+def check_model_dirs(settings: EngineSettings) -> None:
+    """Every model directory holds a config and a tokenizer."""
+    for m in settings.models:
+        for file in ("config.json", "tokenizer.json"):
+            if not (m.path / file).is_file():
+                raise SettingsError(f"model {m.name!r}: {m.path} has no {file}")
+
+
+def _no_unknown(data: dict[str, Any], keys: set[str], where: str) -> None:
+    unknown = sorted(set(data) - keys)
+    if unknown:
+        raise SettingsError(f"{where}: unknown key {unknown[0]!r}; expected {sorted(keys)}")
+
+
+def _typed(data: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    value = data.get(key)
+    if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+        raise SettingsError(f"{where}: {key} has the wrong type ({value!r})")
+    return value
+
+
+def _slo(name: str, spec: Any, where: str) -> SloSpec:
+    if not isinstance(spec, dict):
+        raise SettingsError(f"{where}: slo_classes.{name} must be a table")
+    _no_unknown(spec, SLO_KEYS, f"{where}: slo_classes.{name}")
+    try:
+        return SloSpec(
+            name,
+            ttft_s=float(spec.get("ttft_ms", 5000)) / 1000,
+            tbt_s=float(spec.get("tbt_ms", 100)) / 1000,
+            alpha=float(spec.get("alpha", 3.0)),
+            beta_b=float(spec.get("beta_b", 0.0)),
+            beta_f=float(spec.get("beta_f", 0.5)),
+        )
+    except (TypeError, ValueError) as e:
+        raise SettingsError(f"{where}: slo_classes.{name}: {e}") from None
+
+
+def _model(spec: Any, slos: dict[str, SloSpec], where: str) -> ModelArg:
+    if not isinstance(spec, dict) or "name" not in spec or "path" not in spec:
+        raise SettingsError(f"{where}: a model needs name and path")
+    _no_unknown(spec, MODEL_KEYS, where)
+    slo = spec.get("slo")
+    if slo is not None and slo not in slos:
+        raise SettingsError(f"{where}: unknown SLO class {slo!r}")
+    try:
+        return ModelArg(
+            name=str(spec["name"]),
+            path=Path(spec["path"]),
+            sharing=spec.get("sharing", "spatial"),
+            priority=int(spec.get("priority", 0)),
+            slo=None if slo is None else slos[slo],
+        )
+    except (TypeError, ValueError) as e:
+        raise SettingsError(f"{where}: {e}") from None

@@ -1,0 +1,84 @@
+"""``GET /admin/state``: a snapshot of the engine's real state, taken between steps."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from shunter.engine.exec.serving import TorchEngine, remapped_layers
+from shunter.engine.memory.arena import OwnerKind, PageOwner
+from shunter.engine.server.loop import EngineLoop
+from shunter.engine.server.models import ServedModel
+
+
+def engine_state(loop: EngineLoop, models: Mapping[str, ServedModel]) -> dict[str, Any]:
+    """Per model: sharing, KV blocks, weight pages resident and remapped layers, requests
+    by state; the arena's pages by owner; host swap use; rotations and bytes moved per
+    direction; recent step times. Call it on the engine thread (``EngineLoop.call``)."""
+    engine: TorchEngine = loop.engine
+    core = engine.core
+    memory, scheduler = core.memory, core.scheduler
+    arena = memory.arena
+    owners = arena.counts()
+    per_model = {}
+    for name, q in scheduler.queues.items():
+        layout = memory.weights[name]
+        remapped = [
+            i
+            for i, pages in enumerate(layout.layers)
+            if any(arena.owner(p) != PageOwner.weights(name, i) for p in pages)
+        ]
+        weight_pages = sum(
+            n for o, n in owners.items() if o.kind is OwnerKind.WEIGHTS and o.model == name
+        )
+        per_model[name] = {
+            "sharing": models[name].arg.sharing,
+            "priority": models[name].arg.priority,
+            "kv_blocks_used": memory.blocks_used()[name],
+            "kv_blocks_total": memory.num_total_blocks(name),
+            "kv_usage": memory.usage(name),
+            "weight_bytes_resident": weight_pages * arena.page_bytes,
+            "remapped_layers": remapped,
+            "requests": {
+                "waiting": len(q.waiting),
+                "running": len(q.running),
+                "rotary": len(q.rotary) + len(q.landing),
+            },
+            "host_swap_blocks_used": memory.host.num_used(name),
+        }
+    pages: Counter[str] = Counter()
+    for owner, n in owners.items():
+        pages["free" if owner.kind is OwnerKind.FREE else f"{owner.kind.value}:{owner.model}"] += n
+    totals = engine.totals
+    steps = list(loop.recent_steps)
+    return {
+        "models": per_model,
+        "arena": {
+            "page_bytes": arena.page_bytes,
+            "num_pages": arena.num_pages,
+            "pages_by_owner": dict(sorted(pages.items())),
+        },
+        "host_swap": {
+            "bytes_used": memory.host.used_bytes,
+            "bytes_total": memory.host.capacity_bytes,
+        },
+        "requests": {
+            "live": core.num_live,
+            "streams": loop.num_streams,
+        },
+        "transfers": {
+            "rotations": totals.rotations,
+            "preemptions": totals.preemptions,
+            "blocks_d2h": totals.blocks_swapped_out,
+            "blocks_h2d": totals.blocks_swapped_in,
+            "bytes_d2h": loop.bytes_moved["d2h"],
+            "bytes_h2d": loop.bytes_moved["h2d"],
+            "remapped_layers_now": remapped_layers(memory),
+        },
+        "steps": {
+            "total": totals.steps,
+            "recent_duration_s": [s.duration_s for s in steps],
+            "recent_schedule_s": [s.schedule_s for s in steps],
+        },
+    }
