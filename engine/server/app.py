@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from shunter.engine.server.context import STATE, ServerState
+from shunter.engine.server.context import REQUEST_ID, STATE, ServerState
 from shunter.engine.server.errors import ApiError
 from shunter.engine.server.openai_api import chat_completions, completions
 from shunter.engine.server.state import engine_state
@@ -31,7 +31,7 @@ def build_app(state: ServerState, *, max_body_bytes: int = MAX_BODY_BYTES) -> we
     """The server's application. It starts ``state.loop`` on startup; on shutdown it stops
     admitting, gives requests in flight ``state.grace_s`` seconds, aborts the rest and
     stops the loop."""
-    app = web.Application(client_max_size=max_body_bytes, middlewares=[errors, request_ids, auth])
+    app = web.Application(client_max_size=max_body_bytes, middlewares=[request_ids, errors, auth])
     app[STATE] = state
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", list_models)
@@ -70,7 +70,7 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 async def request_ids(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Take ``X-Request-Id`` (or make one) and return it on every response."""
     request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
-    request["request_id"] = request_id
+    request[REQUEST_ID] = request_id
     response = await handler(request)
     if not response.prepared:
         response.headers["X-Request-Id"] = request_id

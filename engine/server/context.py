@@ -48,3 +48,4 @@ class ServerState:
 
 
 STATE = web.AppKey("state", ServerState)
+REQUEST_ID = web.RequestKey("request_id", str)

@@ -19,7 +19,7 @@ from typing import Any
 from aiohttp import web
 
 from shunter.engine.config import SloSpec
-from shunter.engine.server.context import STATE, ServerState
+from shunter.engine.server.context import REQUEST_ID, STATE, ServerState
 from shunter.engine.server.errors import ApiError, bad_request, model_not_found, unavailable
 from shunter.engine.server.loop import ABORTED, Delta, Stream
 from shunter.engine.server.protocol import (
@@ -63,8 +63,16 @@ class _Call:
             "choices": choices,
         }
 
-    def choice(self, c: _Choice, text: str, token_ids: list[int], finish: str | None,
-               *, chunk: bool, first: bool = False) -> dict[str, Any]:  # fmt: skip
+    def choice(
+        self,
+        c: _Choice,
+        text: str,
+        token_ids: list[int],
+        finish: str | None,
+        *,
+        chunk: bool,
+        first: bool = False,
+    ) -> dict[str, Any]:
         out: dict[str, Any] = {"index": c.index}
         if self.chat:
             if chunk:
@@ -104,9 +112,10 @@ async def read_json(request: web.Request) -> Any:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge as e:
         raise ApiError(
-            413, f"The request body is too large: {e.text}.",
+            413,
+            f"The request body is too large: {e.text}.",
             code="request_too_large",
-        ) from None  # fmt: skip
+        ) from None
     try:
         return json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
@@ -131,7 +140,7 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
     gen = parse_chat(body, served) if chat else parse_completion(body, served)
     state.check_capacity(gen)
     slo = slo_from_header(request.headers.get("X-Shunter-Slo"), state.slo_of(name))
-    call = _Call(chat, request["request_id"], name, extras)
+    call = _Call(chat, request[REQUEST_ID], name, extras)
     loop = asyncio.get_running_loop()
     sink: asyncio.Queue[tuple[int, Delta]] = asyncio.Queue()
     streams = []
@@ -171,9 +180,11 @@ async def _deltas(
 
 
 async def _collect(
-    call: _Call, gen: GenerationRequest, choices: list[_Choice],
+    call: _Call,
+    gen: GenerationRequest,
+    choices: list[_Choice],
     sink: asyncio.Queue[tuple[int, Delta]],
-) -> web.Response:  # fmt: skip
+) -> web.Response:
     async for _, delta in _deltas(choices, sink):
         if delta.finish_reason == ABORTED:
             raise unavailable(f"The request was aborted: {delta.error}")
@@ -186,11 +197,18 @@ async def _collect(
 
 
 async def _stream(
-    request: web.Request, call: _Call, gen: GenerationRequest, choices: list[_Choice],
+    request: web.Request,
+    call: _Call,
+    gen: GenerationRequest,
+    choices: list[_Choice],
     sink: asyncio.Queue[tuple[int, Delta]],
-) -> web.StreamResponse:  # fmt: skip
+) -> web.StreamResponse:
     response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            "X-Request-Id": request[REQUEST_ID],
+        }
     )
     await response.prepare(request)
 
@@ -213,9 +231,11 @@ async def _stream(
             )
         if delta.text or delta.finish_reason is not None or delta.token_ids:
             finish = delta.finish_reason
-            await send(call.envelope(
-                [call.choice(c, delta.text, delta.token_ids, finish, chunk=True)], chunk=True
-            ))  # fmt: skip
+            await send(
+                call.envelope(
+                    [call.choice(c, delta.text, delta.token_ids, finish, chunk=True)], chunk=True
+                )
+            )
     else:
         if gen.include_usage:
             final = call.envelope([], chunk=True)

@@ -244,12 +244,12 @@ def _stop(value: Any) -> tuple[str, ...]:
 
 def _prompt_list(prompt: Any) -> list[str | list[int]]:
     """A completions prompt: a string, a list of strings, token ids, or lists of them."""
-    if isinstance(prompt, str):
+    if isinstance(prompt, str) and prompt:
         return [prompt]
     if isinstance(prompt, list) and prompt:
         if all(_is_int(t) for t in prompt):
             return [prompt]
-        if all(isinstance(p, str) for p in prompt):
+        if all(isinstance(p, str) and p for p in prompt):
             return list(prompt)
         if all(isinstance(p, list) and p and all(_is_int(t) for t in p) for p in prompt):
             return list(prompt)

@@ -1,0 +1,141 @@
+"""A real server on a loopback port, in a thread of the test process, over tiny models:
+``tiny-llama`` (temporal) and ``tiny-qwen2`` (spatial)."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import os
+import threading
+import urllib.parse
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import torch
+from aiohttp import web
+
+from shunter.engine.exec.model_init import init_model_dir, preset_config
+from shunter.engine.server.app import build_app
+from shunter.engine.server.context import ServerState
+from shunter.engine.server.models import ModelArg
+from shunter.engine.server.serve import build_state
+from shunter.engine.server.settings import EngineSettings
+from shunter.engine.server.state import engine_state
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+TOKEN = "test-token"
+T = TypeVar("T")
+
+
+@pytest.fixture(scope="session")
+def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("models")
+    return {
+        name: init_model_dir(root / name, config=preset_config(name), seed=0)
+        for name in ("tiny-llama", "tiny-qwen2")
+    }
+
+
+class ServerThread:
+    """An engine server on 127.0.0.1 with its own event loop in a thread."""
+
+    def __init__(self, state: ServerState, *, max_body_bytes: int = 1 << 20) -> None:
+        self.state = state
+        self.loop = asyncio.new_event_loop()
+        app = build_app(state, max_body_bytes=max_body_bytes)
+        self.runner = web.AppRunner(app, handler_cancellation=True)
+        self.loop.run_until_complete(self.runner.setup())
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        self.loop.run_until_complete(site.start())
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=60)
+
+    def engine_state(self) -> dict[str, Any]:
+        """The admin state, after the core's integrity check passed on the engine thread."""
+        loop = self.state.loop
+
+        def check() -> dict[str, Any]:
+            loop.engine.core.check_integrity()
+            return engine_state(loop, self.state.models)
+
+        return self.run(loop.call(check))
+
+    def wait_idle(self, timeout: float = 30.0) -> dict[str, Any]:
+        """Wait until no request is live (aborts land at the next step); the state then."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self.engine_state()
+            if state["requests"]["live"] == 0 or time.monotonic() > deadline:
+                return state
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        self.run(self.runner.cleanup())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def server(model_dirs: dict[str, Path]) -> Iterator[ServerThread]:
+    torch.set_num_threads(1)
+    settings = EngineSettings(
+        models=(
+            ModelArg("llama", model_dirs["tiny-llama"], "temporal"),
+            ModelArg("qwen", model_dirs["tiny-qwen2"], "spatial"),
+        ),
+        kv_tokens=8192,
+        grace_s=2.0,
+    )
+    state = build_state(settings, torch.device("cpu"), token=TOKEN, check_integrity=True)
+    srv = ServerThread(state)
+    yield srv
+    srv.close()
+
+
+def assert_no_leaks(state: dict[str, Any]) -> None:
+    assert state["requests"] == {"live": 0, "streams": 0}
+    for model, s in state["models"].items():
+        assert s["kv_blocks_used"] == 0, model
+        assert s["host_swap_blocks_used"] == 0, model
+        assert s["requests"] == {"waiting": 0, "running": 0, "rotary": 0}, model
+    assert state["host_swap"]["bytes_used"] == 0
+
+
+class Reply:
+    """A plain HTTP reply: status, headers, body."""
+
+    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        self.status_code = status
+        self.headers = headers
+        self.content = body
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+    @property
+    def text(self) -> str:
+        return self.content.decode(errors="replace")
+
+
+def request(
+    method: str, url: str, *, body: bytes | None = None, headers: dict[str, str] | None = None
+) -> Reply:
+    """One request over a fresh loopback connection (stdlib only)."""
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    try:
+        conn.request(method, parts.path, body=body, headers=headers or {})
+        r = conn.getresponse()
+        return Reply(r.status, {k: v for k, v in r.getheaders()}, r.read())
+    finally:
+        conn.close()

@@ -1,0 +1,176 @@
+"""The official openai SDK, sync and async, against a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import openai
+import pytest
+import torch
+
+from shunter.engine.exec.generate import GenerateOptions, run_generate
+from shunter.engine.exec.generate_input import GenerateRequest
+from shunter.engine.exec.params import SamplingParams
+from tests.engine.server.conftest import TOKEN, ServerThread, assert_no_leaks
+
+PROMPT = "The yard has a hump"
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerThread) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=TOKEN, max_retries=0)
+
+
+@pytest.fixture
+def aclient(server: ServerThread) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=TOKEN, max_retries=0)
+
+
+def test_models_lists_both(client: openai.OpenAI) -> None:
+    assert sorted(m.id for m in client.models.list()) == ["llama", "qwen"]
+
+
+def test_completion_usage_and_length(client: openai.OpenAI) -> None:
+    out = client.completions.create(model="llama", prompt=PROMPT, max_tokens=5, temperature=0)
+    assert out.object == "text_completion" and out.model == "llama"
+    (choice,) = out.choices
+    assert choice.finish_reason in ("length", "stop")
+    assert out.usage is not None and out.usage.completion_tokens <= 5
+    assert out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
+
+
+@pytest.mark.parametrize("model", ["llama", "qwen"])
+def test_greedy_token_ids_equal_shunter_generate(
+    client: openai.OpenAI, model_dirs: dict[str, Path], model: str
+) -> None:
+    name = {"llama": "tiny-llama", "qwen": "tiny-qwen2"}[model]
+    prompt_ids = [5, 17, 99, 3, 42, 7]
+    out = client.completions.create(
+        model=model,
+        prompt=prompt_ids,
+        max_tokens=12,
+        temperature=0,
+        extra_body={"return_token_ids": True, "ignore_eos": True},
+    )
+    served = out.choices[0].model_extra["token_ids"]  # type: ignore[index]
+    expected = run_generate(
+        [GenerateRequest(name, tuple(prompt_ids), None, 12, "#0")],
+        GenerateOptions(
+            models={name: model_dirs[name]},
+            params=SamplingParams(temperature=0.0, ignore_eos=True),
+            device=torch.device("cpu"),
+        ),
+    ).outputs[0]
+    assert served == expected["output_ids"]
+    assert out.choices[0].text == expected["text"]
+
+
+def test_chat_n_choices_with_seed(client: openai.OpenAI) -> None:
+    out = client.chat.completions.create(
+        model="qwen",
+        messages=[{"role": "user", "content": "Which car goes first?"}],
+        n=3,
+        max_completion_tokens=6,
+        temperature=1.0,
+        seed=7,
+    )
+    assert [c.index for c in out.choices] == [0, 1, 2]
+    assert all(c.message.role == "assistant" for c in out.choices)
+    again = client.chat.completions.create(
+        model="qwen",
+        messages=[{"role": "user", "content": "Which car goes first?"}],
+        n=3,
+        max_completion_tokens=6,
+        temperature=1.0,
+        seed=7,
+    )
+    assert [c.message.content for c in again.choices] == [c.message.content for c in out.choices]
+
+
+def test_stop_string_cuts_the_text(client: openai.OpenAI) -> None:
+    base = client.completions.create(
+        model="llama", prompt=PROMPT, max_tokens=20, temperature=0, extra_body={"ignore_eos": True}
+    )
+    text = base.choices[0].text
+    stop = text[3:5]
+    if len(stop) < 2 or not stop.strip():
+        pytest.skip("greedy text too short to cut")
+    cut = client.completions.create(
+        model="llama",
+        prompt=PROMPT,
+        max_tokens=20,
+        temperature=0,
+        stop=[stop],
+        extra_body={"ignore_eos": True},
+    )
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].text == text[: text.index(stop)]
+
+
+def test_chat_stream_with_usage(client: openai.OpenAI, server: ServerThread) -> None:
+    stream = client.chat.completions.create(
+        model="llama",
+        messages=[{"role": "user", "content": "hello"}],
+        max_tokens=8,
+        stream=True,
+        stream_options={"include_usage": True},
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-2].choices[0].finish_reason == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 8
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    whole = client.chat.completions.create(
+        model="llama",
+        messages=[{"role": "user", "content": "hello"}],
+        max_tokens=8,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    assert text == whole.choices[0].message.content
+    assert_no_leaks(server.wait_idle())
+
+
+async def test_async_streams_and_completions(aclient: openai.AsyncOpenAI) -> None:
+    async def one(i: int) -> str:
+        stream = await aclient.completions.create(
+            model=("llama", "qwen")[i % 2],
+            prompt=PROMPT,
+            max_tokens=6,
+            stream=True,
+            n=2,
+            temperature=0.8,
+            seed=i,
+        )
+        reasons = {}
+        async for chunk in stream:
+            for c in chunk.choices:
+                if c.finish_reason:
+                    reasons[c.index] = c.finish_reason
+        assert set(reasons) == {0, 1}
+        return json.dumps(reasons)
+
+    results = await asyncio.gather(*(one(i) for i in range(6)))
+    assert len(results) == 6
+    chat = await aclient.chat.completions.create(
+        model="qwen", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+    )
+    assert chat.usage is not None and chat.usage.completion_tokens <= 3
+    await aclient.close()
+
+
+def test_wrong_token_is_401(server: ServerThread) -> None:
+    bad = openai.OpenAI(base_url=server.url + "/v1", api_key="nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+
+
+def test_unknown_model_is_404(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as e:
+        client.completions.create(model="gpt-9", prompt="x", max_tokens=1)
+    assert e.value.body["code"] == "model_not_found"  # type: ignore[index]
