@@ -175,6 +175,7 @@ class EngineLoop:
         if request_id is None or self._streams.pop(request_id, None) is None:
             return
         self.engine.core.abort(request_id)
+        self.metrics.requests.labels(stream.model, ABORTED).inc()
         if error is not None:
             stream.put(Delta([], "", ABORTED, error))
 

@@ -1,0 +1,60 @@
+"""/metrics parses with prometheus_client's parser and its counters move as requests run."""
+
+from __future__ import annotations
+
+import json
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.engine.server.conftest import TOKEN, ServerThread, request
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def _samples(server: ServerThread) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    r = request("GET", server.url + "/metrics", headers=AUTH)
+    assert r.status_code == 200
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(r.text)
+        for s in family.samples
+    }
+
+
+def test_metrics_parse_and_move(server: ServerThread) -> None:
+    before = _samples(server)
+    body = {"model": "qwen", "prompt": "hello there", "max_tokens": 6, "ignore_eos": True}
+    r = request(
+        "POST", server.url + "/v1/completions", body=json.dumps(body).encode(), headers=AUTH
+    )
+    assert r.status_code == 200
+    usage = r.json()["usage"]
+    after = _samples(server)
+    qwen = (("model_name", "qwen"),)
+
+    def moved(name: str, labels: tuple[tuple[str, str], ...] = qwen) -> float:
+        return after[(name, labels)] - before.get((name, labels), 0.0)
+
+    assert moved("vllm:prompt_tokens_total") == usage["prompt_tokens"]
+    assert moved("vllm:generation_tokens_total") == 6
+    assert moved("vllm:time_to_first_token_seconds_count") == 1
+    assert moved("vllm:e2e_request_latency_seconds_count") == 1
+    assert moved("vllm:request_time_per_output_token_seconds_count") == 1
+    assert moved("vllm:inter_token_latency_seconds_count") == 5
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:num_preemptions_total",
+        "shunter:num_requests_rotary",
+    ):
+        assert (name, qwen) in after, name
+    assert ("shunter:rotations_total", ()) in after
+    assert ("shunter:kv_swapped_bytes_total", (("direction", "d2h"),)) in after
+    # Buckets fine enough for a 100 ms TBT SLO.
+    les = {
+        float(dict(labels)["le"])
+        for name, labels in after
+        if name == "vllm:inter_token_latency_seconds_bucket"
+    }
+    assert {0.05, 0.075, 0.1} <= les
