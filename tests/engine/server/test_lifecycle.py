@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -80,7 +81,16 @@ def test_engine_process_serves_and_exits_zero_on_sigterm(model_dirs: dict[str, P
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 3
         state = request("GET", url + "/admin/state", headers=auth).json()
         assert state["models"]["llama"]["sharing"] == "temporal"
+        # A stream in flight when SIGTERM comes still completes within the grace period.
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        stream = {"model": "qwen", "prompt": "hi", "max_tokens": 400, "stream": True}
+        conn.request("POST", "/v1/completions", body=json.dumps(stream), headers=auth)
+        reply = conn.getresponse()
+        assert reply.readline().startswith(b"data: ")
         proc.send_signal(signal.SIGTERM)
+        lines = [line.strip() for line in reply.read().split(b"\n") if line.strip()]
+        assert lines[-1] == b"data: [DONE]"
+        assert json.loads(lines[-2][6:])["choices"][0]["finish_reason"] in ("length", "stop")
         assert proc.wait(timeout=30) == 0
     finally:
         if proc.poll() is None:
