@@ -3,23 +3,20 @@
 
 from __future__ import annotations
 
-import asyncio
 import http.client
 import json
 import os
-import threading
+import time
 import urllib.parse
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import torch
-from aiohttp import web
 
 from shunter.engine.exec.model_init import init_model_dir, preset_config
-from shunter.engine.server.app import build_app
-from shunter.engine.server.context import ServerState
+from shunter.engine.server.background import BackgroundServer
 from shunter.engine.server.models import ModelArg
 from shunter.engine.server.serve import build_state
 from shunter.engine.server.settings import EngineSettings
@@ -27,7 +24,6 @@ from shunter.engine.server.state import engine_state
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 TOKEN = "test-token"
-T = TypeVar("T")
 
 
 @pytest.fixture(scope="session")
@@ -39,24 +35,8 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
-class ServerThread:
-    """An engine server on 127.0.0.1 with its own event loop in a thread."""
-
-    def __init__(self, state: ServerState, *, max_body_bytes: int = 1 << 20) -> None:
-        self.state = state
-        self.loop = asyncio.new_event_loop()
-        app = build_app(state, max_body_bytes=max_body_bytes)
-        self.runner = web.AppRunner(app, handler_cancellation=True)
-        self.loop.run_until_complete(self.runner.setup())
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        self.loop.run_until_complete(site.start())
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=60)
+class ServerThread(BackgroundServer):
+    """A BackgroundServer with the engine's state and integrity at hand."""
 
     def engine_state(self) -> dict[str, Any]:
         """The admin state, after the core's integrity check passed on the engine thread."""
@@ -70,19 +50,12 @@ class ServerThread:
 
     def wait_idle(self, timeout: float = 30.0) -> dict[str, Any]:
         """Wait until no request is live (aborts land at the next step); the state then."""
-        import time
-
         deadline = time.monotonic() + timeout
         while True:
             state = self.engine_state()
             if state["requests"]["live"] == 0 or time.monotonic() > deadline:
                 return state
             time.sleep(0.02)
-
-    def close(self) -> None:
-        self.run(self.runner.cleanup())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
 
 
 @pytest.fixture(scope="module")
