@@ -14,15 +14,18 @@ from typing import Any
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     """Add the engine's subcommands to the ``shunter`` parser."""
     from shunter.engine.exec.cli import add_bench_executor_parser, add_generate_parser
-    from shunter.engine.server.cli import add_engine_parser
+    from shunter.engine.server.cli import add_bench_server_parser, add_engine_parser
     from shunter.engine.sim.cli import add_bench_simulator_parser, add_simulate_parser
 
     add_simulate_parser(sub)
-    bench = sub.add_parser("bench", help="engine benchmarks (scheduler, simulator, executor)")
+    bench = sub.add_parser(
+        "bench", help="engine benchmarks (scheduler, simulator, executor, server)"
+    )
     benches = bench.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
     _add_bench_scheduler_parser(benches)
     add_bench_simulator_parser(benches)
     add_bench_executor_parser(benches)
+    add_bench_server_parser(benches)
     _add_model_commands(sub)
     add_generate_parser(sub)
     add_engine_parser(sub)

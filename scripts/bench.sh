@@ -11,3 +11,6 @@ echo "== simulator: simulated seconds per wall second (SIMULATED workload)"
 
 echo "== executor (CPU, small-llama): engine vs transformers tokens/s; KV rotation step cost"
 "${VENV:-.venv}/bin/shunter" bench executor
+
+echo "== server (CPU, tiny-llama): TTFT and ITL through the HTTP server vs in-process, 1 and 32 streams"
+"${VENV:-.venv}/bin/shunter" bench server

@@ -24,7 +24,7 @@ class BackgroundServer:
         self.state = state
         self.loop = asyncio.new_event_loop()
         app = build_app(state, max_body_bytes=max_body_bytes)
-        self.runner = web.AppRunner(app, handler_cancellation=True)
+        self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         self.loop.run_until_complete(self.runner.setup())
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))

@@ -81,3 +81,42 @@ def cmd_engine(ns: argparse.Namespace) -> int:
         shutdown_timeout=settings.grace_s + 5,
     )
     return 0
+
+
+def add_bench_server_parser(benches: argparse._SubParsersAction[Any]) -> None:
+    """Add ``bench server``: TTFT and ITL through the HTTP server against in-process."""
+    p = benches.add_parser(
+        "server",
+        help="CPU: TTFT and ITL through the HTTP server against the same requests in-process",
+        description="Write tiny-llama (random weights) to a temporary directory unless "
+        "--model names one, then run the same greedy requests in-process (TorchEngine) and "
+        "as streaming /v1/completions requests through a server on a loopback port, at "
+        "each concurrency of --streams. Host wall time on this machine.",
+    )
+    p.add_argument("--model", type=Path, help="a model directory (default: tiny-llama)")
+    p.add_argument(
+        "--streams",
+        type=lambda text: tuple(int(v) for v in text.split(",")),
+        default=(1, 32),
+        help="comma list of concurrent streams (default 1,32)",
+    )
+    p.add_argument("--requests", type=int, default=32, help="requests per run (default 32)")
+    p.add_argument("--prompt-tokens", type=int, default=64, help="default 64")
+    p.add_argument("--max-tokens", type=int, default=32, help="default 32")
+    p.add_argument("--threads", type=int, help="torch threads (default: every core)")
+    p.set_defaults(func=cmd_bench_server)
+
+
+def cmd_bench_server(ns: argparse.Namespace) -> int:
+    from shunter.engine.server.bench import bench_server
+
+    for line in bench_server(
+        model_dir=ns.model,
+        streams=ns.streams,
+        requests=ns.requests,
+        prompt_tokens=ns.prompt_tokens,
+        max_tokens=ns.max_tokens,
+        threads=ns.threads,
+    ):
+        print(line, flush=True)
+    return 0

@@ -1,0 +1,143 @@
+"""``shunter bench server``: what the HTTP layer adds to TTFT and ITL.
+
+The same requests (equal-length random prompts, greedy, ``max_tokens`` each, EOS
+ignored) run twice on the same model and settings: in-process, added straight to a
+TorchEngine and timed from the requests' own timestamps (as ``shunter generate`` runs
+them), and through the server, as streaming ``/v1/completions`` requests from aiohttp
+clients, each token timed on arrival of the SSE chunk that carries its id. With one
+stream the requests run one after another; with N, N at a time. Host wall time on this machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import aiohttp
+import torch
+
+from shunter.engine.exec.model_init import init_model_dir, preset_config
+from shunter.engine.exec.params import SamplingParams
+from shunter.engine.exec.serving import TorchEngine
+from shunter.engine.server.background import BackgroundServer
+from shunter.engine.server.models import ModelArg
+from shunter.engine.server.serve import build_state, engine_config
+from shunter.engine.server.settings import EngineSettings
+
+PRESET = "tiny-llama"
+MODEL = "m"
+
+
+class Timings:
+    """TTFT of each request and every gap between its consecutive tokens."""
+
+    def __init__(self) -> None:
+        self.ttft: list[float] = []
+        self.itl: list[float] = []
+
+    def add(self, t_start: float, token_times: Sequence[float]) -> None:
+        self.ttft.append(token_times[0] - t_start)
+        self.itl += [b - a for a, b in itertools.pairwise(token_times)]
+
+
+def bench_server(
+    *,
+    model_dir: Path | None = None,
+    streams: Sequence[int] = (1, 32),
+    requests: int = 32,
+    prompt_tokens: int = 64,
+    max_tokens: int = 32,
+    threads: int | None = None,
+) -> Iterator[str]:
+    """Run the comparison at each concurrency of ``streams`` and yield the report."""
+    torch.set_num_threads(threads or os.cpu_count() or 1)
+    with tempfile.TemporaryDirectory(prefix="shunter-bench-") as tmp:
+        if model_dir is None:
+            model_dir = init_model_dir(Path(tmp) / PRESET, config=preset_config(PRESET), seed=0)
+        settings = EngineSettings(models=(ModelArg(MODEL, model_dir),), kv_tokens=65536)
+        gen = torch.Generator().manual_seed(0)
+        prompts = torch.randint(4, 500, (requests, prompt_tokens), generator=gen).tolist()
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        yield (
+            f"{model_dir.name} on cpu, {torch.get_num_threads()} threads: {requests} requests "
+            f"x {prompt_tokens} prompt tokens, {max_tokens} output tokens, greedy"
+        )
+        engine = TorchEngine(
+            {MODEL: model_dir}, engine_config(settings), device=torch.device("cpu")
+        )
+        server = BackgroundServer(build_state(settings, torch.device("cpu")))
+        try:
+            _in_process(engine, prompts[:2], params, 2)  # warm-up
+            server.run(_through_server(server.url, prompts[:2], max_tokens, 2))
+            yield f"{'streams':>8} {'':14} {'TTFT p50 ms':>12} {'ITL p50 ms':>11} {'p90':>8}"
+            for n in streams:
+                ours = _in_process(engine, prompts, params, n)
+                http = server.run(_through_server(server.url, prompts, max_tokens, n), 600)
+                for label, t in (("in-process", ours), ("server", http)):
+                    ttft, itl, itl90 = _ms(t.ttft, 0.5), _ms(t.itl, 0.5), _ms(t.itl, 0.9)
+                    yield f"{n:>8} {label:14} {ttft:>12} {itl:>11} {itl90:>8}"
+                yield (
+                    f"{n:>8} {'ratio':14} {_ratio(http.ttft, ours.ttft):>12} "
+                    f"{_ratio(http.itl, ours.itl):>11}"
+                )
+        finally:
+            server.close()
+
+
+def _in_process(
+    engine: TorchEngine, prompts: list[list[int]], params: SamplingParams, concurrency: int
+) -> Timings:
+    timings = Timings()
+    for first in range(0, len(prompts), concurrency):
+        ids = [engine.add_request(MODEL, p, params) for p in prompts[first : first + concurrency]]
+        requests = [engine.core.scheduler.requests[i] for i in ids]
+        engine.run()
+        for r in requests:
+            timings.add(r.t_arr, r.token_times)
+    return timings
+
+
+async def _through_server(
+    url: str, prompts: list[list[int]], max_tokens: int, concurrency: int
+) -> Timings:
+    timings = Timings()
+    async with aiohttp.ClientSession() as session:
+
+        async def one(prompt: list[int]) -> None:
+            body = {
+                "model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                "ignore_eos": True, "stream": True, "return_token_ids": True,
+            }  # fmt: skip
+            t_start = time.perf_counter()
+            times: list[float] = []
+            async with session.post(url + "/v1/completions", json=body) as r:
+                async for line in r.content:
+                    if line.startswith(b"data: {"):
+                        now = time.perf_counter()
+                        choice = json.loads(line[6:])["choices"][0]
+                        times += [now] * len(choice["token_ids"])
+            timings.add(t_start, times)
+
+        for first in range(0, len(prompts), concurrency):
+            await asyncio.gather(*(one(p) for p in prompts[first : first + concurrency]))
+    return timings
+
+
+def _ms(values: list[float], q: float) -> str:
+    if not values:
+        return "-"
+    ordered = sorted(values)
+    return f"{1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]:.2f}"
+
+
+def _ratio(server: list[float], ours: list[float]) -> str:
+    if not server or not ours:
+        return "-"
+    return f"{statistics.median(server) / statistics.median(ours):.2f}x"
