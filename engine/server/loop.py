@@ -26,6 +26,7 @@ from shunter.engine.exec.params import SamplingParams
 from shunter.engine.exec.serving import TorchEngine
 from shunter.engine.request import Request
 from shunter.engine.server.metrics import ServerMetrics
+from shunter.engine.server.state import remapped_layer_ids
 
 log = logging.getLogger("shunter.engine.server")
 T = TypeVar("T")
@@ -58,8 +59,10 @@ class Stream:
         slo: SloSpec | None,
         sink: asyncio.Queue[tuple[int, Delta]],
         loop: asyncio.AbstractEventLoop,
+        tenant: str = "",
     ) -> None:
         self.index = index
+        self.tenant = tenant
         self.model = model
         self.prompt_ids = prompt_ids
         self.params = params
@@ -86,6 +89,7 @@ class EngineLoop:
         self.metrics = metrics
         self.recent_steps: deque[StepStats] = deque(maxlen=RECENT_STEPS)
         self.bytes_moved = {"d2h": 0, "h2d": 0}
+        self._arena_version = -1
         self._streams: dict[str, Stream] = {}
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._stopped = False
@@ -174,8 +178,9 @@ class EngineLoop:
         request_id = stream.request_id
         if request_id is None or self._streams.pop(request_id, None) is None:
             return
-        self.engine.core.abort(request_id)
-        self.metrics.requests.labels(stream.model, ABORTED).inc()
+        request = self.engine.core.abort(request_id)
+        if request is not None:
+            self.metrics.on_finish(request, ABORTED, stream.tenant)
         if error is not None:
             stream.put(Delta([], "", ABORTED, error))
 
@@ -203,7 +208,7 @@ class EngineLoop:
                 stream.put(Delta(new, text))
             else:
                 del self._streams[request_id]
-                metrics.on_finish(request, output.finish_reason)
+                metrics.on_finish(request, output.finish_reason, stream.tenant)
                 stream.put(Delta(new, text, output.finish_reason))
         self._observe(stats)
         if not (stats.num_batch_tokens or stats.d2h_blocks or stats.h2d_blocks or outputs):
@@ -219,7 +224,11 @@ class EngineLoop:
         for direction, nbytes in (("d2h", stats.d2h_bytes), ("h2d", stats.h2d_bytes)):
             self.bytes_moved[direction] += nbytes
             metrics.swapped_bytes.labels(direction).inc(nbytes)
-        metrics.remapped_layers.set(self.engine.totals.remapped_layers_max)
+        if core.memory.arena.version != self._arena_version:
+            self._arena_version = core.memory.arena.version
+            for model in core.scheduler.queues:
+                remapped = remapped_layer_ids(core.memory, model)
+                metrics.remapped_layers.labels(model).set(len(remapped))
         for model, q in core.scheduler.queues.items():
             metrics.running.labels(model).set(len(q.running))
             metrics.waiting.labels(model).set(len(q.waiting))

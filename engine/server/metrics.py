@@ -95,7 +95,20 @@ class ServerMetrics:
         )
         self.remapped_layers = Gauge(
             "shunter:remapped_layers",
-            "Most decoder layers (all models) whose pages held KV instead of weights after a step.",
+            "Decoder layers of the model whose pages hold KV instead of weights.",
+            MODEL,
+            registry=r,
+        )
+        self.slo_requests = Counter(
+            "shunter:slo_requests",
+            "Finished or aborted requests, by model and tenant (SLO attainment's denominator).",
+            (*MODEL, "tenant"),
+            registry=r,
+        )
+        self.slo_met = Counter(
+            "shunter:slo_met_requests",
+            "Requests that met their SLO class's target: ttft, tbt (TPOT) or both.",
+            (*MODEL, "tenant", "target"),
             registry=r,
         )
         self.step_seconds = Histogram(
@@ -124,9 +137,20 @@ class ServerMetrics:
         for i in range(max(first, 1), len(times)):
             itl.observe(times[i] - times[i - 1])
 
-    def on_finish(self, request: Request, reason: str) -> None:
+    def on_finish(self, request: Request, reason: str, tenant: str) -> None:
+        """Account a request that ended (an aborted one misses its SLO)."""
         model = request.model
         self.requests.labels(model, reason).inc()
+        self.slo_requests.labels(model, tenant).inc()
+        ttft, tpot = request.ttft, request.tpot
+        met_ttft = reason != "abort" and ttft is not None and ttft <= request.slo.ttft_s
+        # One token has no gap: its TBT target is met.
+        met_tbt = reason != "abort" and (tpot is None or tpot <= request.slo.tbt_s)
+        for target, met in (("ttft", met_ttft), ("tbt", met_tbt), ("both", met_ttft and met_tbt)):
+            if met:
+                self.slo_met.labels(model, tenant, target).inc()
+        if reason == "abort":
+            return
         if request.t_finish is not None:
             self.e2e.labels(model).observe(request.t_finish - request.t_arr)
         if request.tpot is not None:

@@ -140,6 +140,7 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
     gen = parse_chat(body, served) if chat else parse_completion(body, served)
     state.check_capacity(gen)
     slo = slo_from_header(request.headers.get("X-Shunter-Slo"), state.slo_of(name))
+    tenant = request.headers.get("X-Shunter-Tenant", "")
     call = _Call(chat, request[REQUEST_ID], name, extras)
     loop = asyncio.get_running_loop()
     sink: asyncio.Queue[tuple[int, Delta]] = asyncio.Queue()
@@ -151,7 +152,7 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
             params = gen.params
             if params.seed is not None and i:
                 params = dataclasses.replace(params, seed=(params.seed + i) % 2**63)
-            streams.append(Stream(index, name, prompt, params, slo, sink, loop))
+            streams.append(Stream(index, name, prompt, params, slo, sink, loop, tenant))
             choices.append(_Choice(index, len(prompt)))
     state.loop.submit(streams)
     try:

@@ -4,12 +4,25 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shunter.engine.exec.serving import TorchEngine, remapped_layers
 from shunter.engine.memory.arena import OwnerKind, PageOwner
-from shunter.engine.server.loop import EngineLoop
+from shunter.engine.memory.manager import KVMemory
+
+if TYPE_CHECKING:
+    from shunter.engine.server.loop import EngineLoop
 from shunter.engine.server.models import ServedModel
+
+
+def remapped_layer_ids(memory: KVMemory, model: str) -> list[int]:
+    """The decoder layers of ``model`` with a page that does not hold their weights."""
+    arena = memory.arena
+    return [
+        i
+        for i, pages in enumerate(memory.weights[model].layers)
+        if any(arena.owner(p) != PageOwner.weights(model, i) for p in pages)
+    ]
 
 
 def engine_state(loop: EngineLoop, models: Mapping[str, ServedModel]) -> dict[str, Any]:
@@ -23,12 +36,7 @@ def engine_state(loop: EngineLoop, models: Mapping[str, ServedModel]) -> dict[st
     owners = arena.counts()
     per_model = {}
     for name, q in scheduler.queues.items():
-        layout = memory.weights[name]
-        remapped = [
-            i
-            for i, pages in enumerate(layout.layers)
-            if any(arena.owner(p) != PageOwner.weights(name, i) for p in pages)
-        ]
+        remapped = remapped_layer_ids(memory, name)
         weight_pages = sum(
             n for o, n in owners.items() if o.kind is OwnerKind.WEIGHTS and o.model == name
         )

@@ -24,9 +24,9 @@ def _samples(server: ServerThread) -> dict[tuple[str, tuple[tuple[str, str], ...
 def test_metrics_parse_and_move(server: ServerThread) -> None:
     before = _samples(server)
     body = {"model": "qwen", "prompt": "hello there", "max_tokens": 6, "ignore_eos": True}
-    r = request(
-        "POST", server.url + "/v1/completions", body=json.dumps(body).encode(), headers=AUTH
-    )
+    headers = {**AUTH, "X-Shunter-Tenant": "acme", "X-Shunter-Slo": "class=gold,ttft_ms=60000"}
+    data = json.dumps(body).encode()
+    r = request("POST", server.url + "/v1/completions", body=data, headers=headers)
     assert r.status_code == 200
     usage = r.json()["usage"]
     after = _samples(server)
@@ -49,6 +49,11 @@ def test_metrics_parse_and_move(server: ServerThread) -> None:
         "shunter:num_requests_rotary",
     ):
         assert (name, qwen) in after, name
+    acme = (("model_name", "qwen"), ("tenant", "acme"))
+    assert moved("shunter:slo_requests_total", acme) == 1
+    met = (("model_name", "qwen"), ("target", "ttft"), ("tenant", "acme"))
+    assert moved("shunter:slo_met_requests_total", met) == 1
+    assert ("shunter:remapped_layers", qwen) in after
     assert ("shunter:rotations_total", ()) in after
     assert ("shunter:kv_swapped_bytes_total", (("direction", "d2h"),)) in after
     # Buckets fine enough for a 100 ms TBT SLO.
