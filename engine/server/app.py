@@ -2,8 +2,9 @@
 
 Routes: ``GET /health`` (no auth), ``GET /v1/models``, ``POST /v1/completions``,
 ``POST /v1/chat/completions``, ``GET /metrics``, ``GET /admin/state``,
-``POST /admin/drain``. With a token set, every route but ``/health`` needs
-``Authorization: Bearer TOKEN``. Every error is an OpenAI error body, never a traceback.
+``POST /admin/drain``, ``PUT /admin/deployments``. With a token set, every route but
+``/health`` needs ``Authorization: Bearer TOKEN``. Every error is an OpenAI error body,
+never a traceback.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from shunter.engine.server.context import REQUEST_ID, STATE, ServerState
+from shunter.engine.server.deployments import put_deployments
 from shunter.engine.server.errors import ApiError
 from shunter.engine.server.openai_api import chat_completions, completions
 from shunter.engine.server.state import engine_state
@@ -40,6 +42,7 @@ def build_app(state: ServerState, *, max_body_bytes: int = MAX_BODY_BYTES) -> we
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/admin/state", admin_state)
     app.router.add_post("/admin/drain", admin_drain)
+    app.router.add_put("/admin/deployments", put_deployments)
     app.on_startup.append(_start)
     app.on_shutdown.append(_shutdown)
     app.on_cleanup.append(_cleanup)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -14,21 +15,34 @@ from shunter.engine.server.loop import EngineLoop
 from shunter.engine.server.metrics import ServerMetrics
 from shunter.engine.server.models import ServedModel
 from shunter.engine.server.protocol import GenerationRequest
+from shunter.engine.server.settings import EngineSettings
+
+Build = Callable[[EngineSettings], tuple[EngineLoop, dict[str, ServedModel]]]
 
 
 @dataclass
 class ServerState:
     """One server. ``token`` (None: no auth) guards every route but ``/health``;
-    ``draining`` refuses new generation requests; on shutdown, requests in flight get
-    ``grace_s`` seconds to finish before they are aborted."""
+    ``draining`` refuses new generation requests, and so does ``reconciling`` while
+    ``PUT /admin/deployments`` replaces the engine; on shutdown, requests in flight get
+    ``grace_s`` seconds to finish before they are aborted. ``build`` makes a new engine
+    loop and model table for other settings (with the same metrics)."""
 
     models: Mapping[str, ServedModel]
     loop: EngineLoop
     metrics: ServerMetrics
+    settings: EngineSettings
+    build: Build
     token: str | None = None
     grace_s: float = 30.0
     draining: bool = False
+    reconciling: bool = False
+    reconcile_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     started: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def admitting(self) -> bool:
+        return not (self.draining or self.reconciling)
 
     def slo_of(self, model: str) -> SloSpec | None:
         return self.models[model].arg.slo

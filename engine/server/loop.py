@@ -99,11 +99,12 @@ class EngineLoop:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
-        """Abort every live request and end the thread (once; later calls return)."""
+    def stop(self, reason: str = "the engine is shutting down") -> None:
+        """Abort every live request (their streams end with ``reason``) and end the
+        thread (once; later calls return)."""
         if not self._thread.is_alive():
             return
-        self._commands.put(self._stop)
+        self._commands.put(lambda: self._stop(reason))
         self._thread.join()
 
     def submit(self, streams: Sequence[Stream]) -> None:
@@ -154,10 +155,16 @@ class EngineLoop:
             except queue.Empty:
                 return
 
-    def _stop(self) -> None:
+    def _stop(self, reason: str) -> None:
         for stream in list(self._streams.values()):
-            self._abort(stream, "the engine is shutting down")
+            self._abort(stream, reason)
         self._stopped = True
+
+    def abort_models(self, models: set[str], reason: str) -> None:
+        """Abort every live request of ``models``; call it on the engine thread."""
+        for stream in list(self._streams.values()):
+            if stream.model in models:
+                self._abort(stream, reason)
 
     def _add(self, streams: Sequence[Stream]) -> None:
         core = self.engine.core
@@ -176,8 +183,10 @@ class EngineLoop:
 
     def _abort(self, stream: Stream, error: str | None) -> None:
         request_id = stream.request_id
-        if request_id is None or self._streams.pop(request_id, None) is None:
+        # Identity, not id: after a reload a new engine may reuse the id.
+        if request_id is None or self._streams.get(request_id) is not stream:
             return
+        del self._streams[request_id]
         request = self.engine.core.abort(request_id)
         if request is not None:
             self.metrics.on_finish(request, ABORTED, stream.tenant)

@@ -6,6 +6,7 @@ own under ``shunter:``. Latency buckets are fine around 100 ms, the usual TBT SL
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -155,6 +156,12 @@ class ServerMetrics:
             self.e2e.labels(model).observe(request.t_finish - request.t_arr)
         if request.tpot is not None:
             self.tpot.labels(model).observe(request.tpot)
+
+    def forget(self, model: str) -> None:
+        """Drop the gauges of a model no longer served (counters keep their totals)."""
+        for gauge in (self.running, self.waiting, self.kv_usage, self.rotary, self.remapped_layers):
+            with contextlib.suppress(KeyError):
+                gauge.remove(model)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

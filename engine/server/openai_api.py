@@ -134,8 +134,8 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
     served = state.models.get(name)
     if served is None:
         raise model_not_found(name)
-    if state.draining:
-        raise unavailable("The engine is draining and admits no new requests.")
+    if not state.admitting:
+        raise unavailable("The engine is draining or reloading models and admits no requests.")
     extras = {key: body.pop(key) for key in EXTRAS if key in body}
     gen = parse_chat(body, served) if chat else parse_completion(body, served)
     state.check_capacity(gen)
@@ -154,7 +154,8 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
                 params = dataclasses.replace(params, seed=(params.seed + i) % 2**63)
             streams.append(Stream(index, name, prompt, params, slo, sink, loop, tenant))
             choices.append(_Choice(index, len(prompt)))
-    state.loop.submit(streams)
+    engine_loop = state.loop  # PUT /admin/deployments may replace state.loop meanwhile
+    engine_loop.submit(streams)
     try:
         if gen.stream:
             return await _stream(request, call, gen, choices, sink)
@@ -162,7 +163,7 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
     finally:
         for stream, c in zip(streams, choices, strict=True):
             if c.finish_reason is None:
-                state.loop.abort(stream)
+                engine_loop.abort(stream)
 
 
 async def _deltas(

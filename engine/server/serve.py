@@ -12,7 +12,7 @@ from shunter.engine.exec.sizing import KVNeed, serving_config
 from shunter.engine.server.context import ServerState
 from shunter.engine.server.loop import EngineLoop
 from shunter.engine.server.metrics import ServerMetrics
-from shunter.engine.server.models import load_served_model
+from shunter.engine.server.models import ServedModel, load_served_model
 from shunter.engine.server.settings import EngineSettings
 
 
@@ -32,6 +32,24 @@ def engine_config(settings: EngineSettings, *, check_integrity: bool = False) ->
     return dataclasses.replace(config, scheduler=SchedulerConfig(policy=settings.policy))
 
 
+def build_loop(
+    settings: EngineSettings,
+    device: torch.device,
+    metrics: ServerMetrics,
+    *,
+    check_integrity: bool = False,
+) -> tuple[EngineLoop, dict[str, ServedModel]]:
+    """A TorchEngine over ``settings``' models in an EngineLoop (not started yet), and the
+    models as the HTTP layer sees them."""
+    config = engine_config(settings, check_integrity=check_integrity)
+    engine = TorchEngine({m.name: m.path for m in settings.models}, config, device=device)
+    served = {
+        m.name: load_served_model(m, spec)
+        for m, spec in zip(settings.models, config.models, strict=True)
+    }
+    return EngineLoop(engine, metrics), served
+
+
 def build_state(
     settings: EngineSettings,
     device: torch.device,
@@ -39,17 +57,18 @@ def build_state(
     token: str | None = None,
     check_integrity: bool = False,
 ) -> ServerState:
-    config = engine_config(settings, check_integrity=check_integrity)
-    engine = TorchEngine({m.name: m.path for m in settings.models}, config, device=device)
-    served = {
-        m.name: load_served_model(m, spec)
-        for m, spec in zip(settings.models, config.models, strict=True)
-    }
-    metrics = ServerMetrics(list(served))
+    metrics = ServerMetrics([m.name for m in settings.models])
+
+    def build(s: EngineSettings) -> tuple[EngineLoop, dict[str, ServedModel]]:
+        return build_loop(s, device, metrics, check_integrity=check_integrity)
+
+    loop, served = build(settings)
     return ServerState(
         models=served,
-        loop=EngineLoop(engine, metrics),
+        loop=loop,
         metrics=metrics,
+        settings=settings,
+        build=build,
         token=token,
         grace_s=settings.grace_s,
     )

@@ -47,12 +47,22 @@ def load_settings(config: Path | None, model_flags: Sequence[str]) -> EngineSett
             data = tomllib.loads(config.read_text())
         except (OSError, tomllib.TOMLDecodeError) as e:
             raise SettingsError(f"{config}: {e}") from None
-    where = str(config) if config else "settings"
+    return settings_from_dict(data, str(config) if config else "settings", model_flags)
+
+
+def settings_from_dict(
+    data: dict[str, Any], where: str, model_flags: Sequence[str] = ()
+) -> EngineSettings:
+    """Settings from a parsed TOML or JSON object (``where`` names it in messages)."""
     _no_unknown(data, TOP_KEYS, where)
-    slos = {name: _slo(name, spec, where) for name, spec in data.get("slo_classes", {}).items()}
-    models = [
-        _model(m, slos, f"{where}: models[{i}]") for i, m in enumerate(data.get("models", []))
-    ]
+    slo_specs = data.get("slo_classes", {})
+    if not isinstance(slo_specs, dict):
+        raise SettingsError(f"{where}: slo_classes must be a table")
+    slos = {name: _slo(name, spec, where) for name, spec in slo_specs.items()}
+    model_specs = data.get("models", [])
+    if not isinstance(model_specs, list):
+        raise SettingsError(f"{where}: models must be a list")
+    models = [_model(m, slos, f"{where}: models[{i}]") for i, m in enumerate(model_specs)]
     for flag in model_flags:
         try:
             models.append(parse_model_arg(flag))

@@ -1,0 +1,122 @@
+"""PUT /admin/deployments: reconfigure in place, or rebuild with the desired set."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import torch
+
+from shunter.engine.server.models import ModelArg
+from shunter.engine.server.serve import build_state
+from shunter.engine.server.settings import EngineSettings
+from tests.engine.server.conftest import ServerThread, assert_no_leaks, request
+
+
+@pytest.fixture
+def srv(model_dirs: dict[str, Path]) -> Iterator[ServerThread]:
+    settings = EngineSettings(
+        models=(ModelArg("llama", model_dirs["tiny-llama"], "temporal"),),
+        kv_tokens=4096,
+        grace_s=0.2,
+    )
+    server = ServerThread(build_state(settings, torch.device("cpu"), check_integrity=True))
+    yield server
+    server.close()
+
+
+def _put(srv: ServerThread, body: Any) -> Any:
+    return request("PUT", srv.url + "/admin/deployments", body=json.dumps(body).encode())
+
+
+def _models(srv: ServerThread) -> list[str]:
+    return sorted(m["id"] for m in request("GET", srv.url + "/v1/models").json()["data"])
+
+
+def _complete(srv: ServerThread, model: str) -> int:
+    body = json.dumps({"model": model, "prompt": "hi", "max_tokens": 3}).encode()
+    return request("POST", srv.url + "/v1/completions", body=body).status_code
+
+
+def test_reconfigure_in_place(srv: ServerThread, model_dirs: dict[str, Path]) -> None:
+    loop = srv.state.loop
+    r = _put(
+        srv,
+        {
+            "slo_classes": {"gold": {"ttft_ms": 200, "tbt_ms": 50}},
+            "models": [
+                {
+                    "name": "llama",
+                    "path": str(model_dirs["tiny-llama"]),
+                    "sharing": "spatial",
+                    "slo": "gold",
+                },
+            ],
+        },
+    )
+    assert r.status_code == 200, r.text
+    assert r.json() == {
+        "added": [],
+        "removed": [],
+        "reloaded": [],
+        "reconfigured": ["llama"],
+        "rebuilt": False,
+    }
+    assert srv.state.loop is loop
+    state = request("GET", srv.url + "/admin/state").json()
+    assert state["models"]["llama"]["sharing"] == "spatial"
+    assert srv.state.models["llama"].arg.slo is not None
+    assert srv.state.models["llama"].arg.slo.tbt_s == 0.05
+
+
+def test_add_and_remove_models(srv: ServerThread, model_dirs: dict[str, Path]) -> None:
+    async def long_stream() -> bytes:
+        body = {
+            "model": "llama",
+            "prompt": "hi",
+            "max_tokens": 1500,
+            "stream": True,
+            "ignore_eos": True,
+        }
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(srv.url + "/v1/completions", json=body) as r,
+        ):
+            return await r.read()
+
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(long_stream())
+    loop.run_until_complete(asyncio.sleep(0.3))
+    r = _put(srv, {"models": [{"name": "qwen", "path": str(model_dirs["tiny-qwen2"])}]})
+    assert r.status_code == 200, r.text
+    assert r.json()["added"] == ["qwen"] and r.json()["removed"] == ["llama"]
+    streamed = loop.run_until_complete(task)
+    loop.close()
+    # The removed model's stream ended with an error chunk, then [DONE].
+    assert b"was removed" in streamed and streamed.rstrip().endswith(b"data: [DONE]")
+    assert _models(srv) == ["qwen"]
+    assert _complete(srv, "qwen") == 200
+    assert _complete(srv, "llama") == 404
+    assert_no_leaks(srv.wait_idle())
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"models": "x"},
+        {"models": [{"name": "a", "path": "/nonexistent"}]},
+        {"models": [{"name": "a"}]},
+        {"models": [], "device": "cpu"},
+    ],
+)
+def test_bad_desired_sets_change_nothing(srv: ServerThread, body: Any) -> None:
+    loop = srv.state.loop
+    r = _put(srv, body)
+    assert r.status_code == 400 and "error" in r.json()
+    assert srv.state.loop is loop and _models(srv) == ["llama"]
