@@ -3,9 +3,11 @@
 The same requests (equal-length random prompts, greedy, ``max_tokens`` each, EOS
 ignored) run twice on the same model and settings: in-process, added straight to a
 TorchEngine and timed from the requests' own timestamps (as ``shunter generate`` runs
-them), and through the server, as streaming ``/v1/completions`` requests from aiohttp
-clients, each token timed on arrival of the SSE chunk that carries its id. With one
-stream the requests run one after another; with N, N at a time. Host wall time on this machine.
+them), and through a ``shunter engine`` process on a loopback port, as streaming ``/v1/completions``
+requests from aiohttp clients in this process, each token timed on arrival of the SSE
+chunk that carries its id. The server runs in its own process, as it does in
+production, so the clients do not share its interpreter. With one stream the requests
+run one after another; with N, N at a time. Host wall time on this machine.
 """
 
 from __future__ import annotations
@@ -14,9 +16,13 @@ import asyncio
 import itertools
 import json
 import os
+import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -26,9 +32,8 @@ import torch
 from shunter.engine.exec.model_init import init_model_dir, preset_config
 from shunter.engine.exec.params import SamplingParams
 from shunter.engine.exec.serving import TorchEngine
-from shunter.engine.server.background import BackgroundServer
 from shunter.engine.server.models import ModelArg
-from shunter.engine.server.serve import build_state, engine_config
+from shunter.engine.server.serve import engine_config
 from shunter.engine.server.settings import EngineSettings
 
 PRESET = "tiny-llama"
@@ -72,14 +77,14 @@ def bench_server(
         engine = TorchEngine(
             {MODEL: model_dir}, engine_config(settings), device=torch.device("cpu")
         )
-        server = BackgroundServer(build_state(settings, torch.device("cpu")))
+        server, url = _start_server(model_dir, settings.kv_tokens, torch.get_num_threads())
         try:
             _in_process(engine, prompts[:2], params, 2)  # warm-up
-            server.run(_through_server(server.url, prompts[:2], max_tokens, 2))
+            asyncio.run(_through_server(url, prompts[:2], max_tokens, 2))
             yield f"{'streams':>8} {'':14} {'TTFT p50 ms':>12} {'ITL p50 ms':>11} {'p90':>8}"
             for n in streams:
                 ours = _in_process(engine, prompts, params, n)
-                http = server.run(_through_server(server.url, prompts, max_tokens, n), 600)
+                http = asyncio.run(_through_server(url, prompts, max_tokens, n))
                 for label, t in (("in-process", ours), ("server", http)):
                     ttft, itl, itl90 = _ms(t.ttft, 0.5), _ms(t.itl, 0.5), _ms(t.itl, 0.9)
                     yield f"{n:>8} {label:14} {ttft:>12} {itl:>11} {itl90:>8}"
@@ -88,7 +93,44 @@ def bench_server(
                     f"{_ratio(http.itl, ours.itl):>11}"
                 )
         finally:
-            server.close()
+            server.terminate()
+            server.wait(timeout=60)
+
+
+def _start_server(
+    model_dir: Path, kv_tokens: int, threads: int
+) -> tuple[subprocess.Popen[bytes], str]:
+    """``shunter engine`` on a free loopback port, once its /health answers."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    shunter = Path(sys.executable).with_name("shunter")
+    command = [
+        str(shunter),
+        "engine",
+        "--device",
+        "cpu",
+        "--port",
+        str(port),
+        "--kv-tokens",
+        str(kv_tokens),
+        "--model",
+        f"{MODEL}={model_dir}",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    env.pop("SHUNTER_ENGINE_TOKEN", None)
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2):
+                return proc, url
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError("shunter engine did not start") from None
+            time.sleep(0.1)
 
 
 def _in_process(
@@ -112,9 +154,14 @@ async def _through_server(
 
         async def one(prompt: list[int]) -> None:
             body = {
-                "model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                "ignore_eos": True, "stream": True, "return_token_ids": True,
-            }  # fmt: skip
+                "model": MODEL,
+                "prompt": prompt,
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+                "stream": True,
+                "return_token_ids": True,
+            }
             t_start = time.perf_counter()
             times: list[float] = []
             async with session.post(url + "/v1/completions", json=body) as r:

@@ -71,14 +71,14 @@ class Stream:
         self.request: Request | None = None
         self.num_sent = 0
         self.num_preemptions = 0
-        self._loop = loop
+        self.loop = loop
 
     @property
     def request_id(self) -> str | None:
         return None if self.request is None else self.request.id
 
     def put(self, delta: Delta) -> None:
-        self._loop.call_soon_threadsafe(self.sink.put_nowait, (self.index, delta))
+        self.loop.call_soon_threadsafe(self.sink.put_nowait, (self.index, delta))
 
 
 class EngineLoop:
@@ -198,6 +198,8 @@ class EngineLoop:
         self.recent_steps.append(stats)
         finished = {o.request_id: o for o in outputs}
         metrics = self.metrics
+        # One wake-up of each event loop per step, however many streams it serves.
+        deliveries: dict[asyncio.AbstractEventLoop, list[tuple[Stream, Delta]]] = {}
         for request_id, stream in list(self._streams.items()):
             request = stream.request
             assert request is not None
@@ -214,11 +216,14 @@ class EngineLoop:
             metrics.on_tokens(request, stream.num_sent)
             stream.num_sent += len(new)
             if output is None:
-                stream.put(Delta(new, text))
+                delta = Delta(new, text)
             else:
                 del self._streams[request_id]
                 metrics.on_finish(request, output.finish_reason, stream.tenant)
-                stream.put(Delta(new, text, output.finish_reason))
+                delta = Delta(new, text, output.finish_reason)
+            deliveries.setdefault(stream.loop, []).append((stream, delta))
+        for loop, batch in deliveries.items():
+            loop.call_soon_threadsafe(_deliver, batch)
         self._observe(stats)
         if not (stats.num_batch_tokens or stats.d2h_blocks or stats.h2d_blocks or outputs):
             if self.engine.core.memory.num_pending_steps:
@@ -243,3 +248,8 @@ class EngineLoop:
             metrics.waiting.labels(model).set(len(q.waiting))
             metrics.rotary.labels(model).set(len(q.rotary) + len(q.landing))
             metrics.kv_usage.labels(model).set(core.memory.usage(model))
+
+
+def _deliver(batch: list[tuple[Stream, Delta]]) -> None:
+    for stream, delta in batch:
+        stream.sink.put_nowait((stream.index, delta))
