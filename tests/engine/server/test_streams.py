@@ -1,10 +1,11 @@
-"""Many concurrent streaming clients, some leaving early: survivors complete, nothing leaks."""
+"""64 concurrent streaming clients, some leaving early: survivors complete, nothing leaks."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import random
+import time
 
 import aiohttp
 
@@ -48,10 +49,23 @@ async def _client(url: str, i: int, leave_after: int | None) -> str | None:
 
 def test_concurrent_streams_with_disconnects(server: ServerThread) -> None:
     rng = random.Random(0)
-    plan = [rng.choice([None, None, 1, 3, 8]) for _ in range(32)]
+    plan = [rng.choice([None, None, 1, 3, 8]) for _ in range(64)]
 
-    async def run() -> list[str | None]:
-        return await asyncio.gather(*(_client(server.url, i, n) for i, n in enumerate(plan)))
+    async def responsive() -> float:
+        """Seconds /v1/models takes to answer while the streams run."""
+        await asyncio.sleep(0.2)
+        t0 = time.perf_counter()
+        async with (
+            aiohttp.ClientSession(headers=AUTH) as session,
+            session.get(server.url + "/v1/models") as r,
+        ):
+            assert r.status == 200
+        return time.perf_counter() - t0
+
+    async def run() -> tuple[list[str | None], float]:
+        probe = asyncio.create_task(responsive())
+        finishes = await asyncio.gather(*(_client(server.url, i, n) for i, n in enumerate(plan)))
+        return list(finishes), await probe
 
     def aborted() -> float:
         sample = server.state.metrics.registry.get_sample_value
@@ -62,7 +76,8 @@ def test_concurrent_streams_with_disconnects(server: ServerThread) -> None:
         )
 
     before = aborted()
-    results = asyncio.run(run())
+    results, probe_s = asyncio.run(run())
+    assert probe_s < 2.0
     for leave_after, finish in zip(plan, results, strict=True):
         if leave_after is None:
             assert finish == "length"
