@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
@@ -84,14 +85,25 @@ class ServedModel:
         return ids
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
-        template = _ENV.from_string(self.template_source)
-        text: str = template.render(
-            messages=messages, add_generation_prompt=True, **self.special_tokens
-        )
+        """The prompt for ``messages``; ValueError when the template refuses them (a
+        template may raise on a role order it does not support)."""
+        try:
+            template = _ENV.from_string(self.template_source)
+            text: str = template.render(
+                messages=messages, add_generation_prompt=True, **self.special_tokens
+            )
+        except TemplateError as e:
+            raise ValueError(f"the chat template of model {self.name!r} failed: {e}") from None
         return text
 
 
+def _raise_exception(message: str) -> None:
+    """Hugging Face templates call ``raise_exception`` to refuse a conversation."""
+    raise TemplateError(message)
+
+
 _ENV = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+_ENV.globals["raise_exception"] = _raise_exception
 
 
 def load_served_model(arg: ModelArg, spec: ModelSpec) -> ServedModel:

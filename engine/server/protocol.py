@@ -101,7 +101,11 @@ def parse_chat(body: dict[str, Any], info: ServedModelInfo) -> GenerationRequest
     if body.get("logprobs") not in (None, False) or body.get("top_logprobs") is not None:
         raise bad_request("'logprobs' and 'top_logprobs' are not supported.", "logprobs")
     messages = _messages(body.get("messages"))
-    prompt = _prompt_ids(info.render_chat(messages), info)
+    try:
+        text = info.render_chat(messages)
+    except ValueError as e:
+        raise bad_request(str(e), "messages") from None
+    prompt = _prompt_ids(text, info)
     max_tokens = _int(body, "max_completion_tokens", 1, None, None)
     if max_tokens is None:
         max_tokens = _int(body, "max_tokens", 1, None, None)

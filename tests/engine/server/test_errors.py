@@ -115,3 +115,17 @@ def test_health_needs_no_token_and_the_rest_do(server: ServerThread) -> None:
 def test_unknown_route_is_an_openai_404(server: ServerThread) -> None:
     r = request("GET", server.url + "/v2/nothing", headers=AUTH)
     assert r.status_code == 404 and "error" in r.json()
+
+
+def test_a_template_that_raises_is_a_400(server: ServerThread) -> None:
+    served = server.state.models["qwen"]
+    source = served.template_source
+    served.template_source = "{{ raise_exception('system messages only') }}"
+    try:
+        body = json.dumps(CHAT).encode()
+        r = request("POST", server.url + "/v1/chat/completions", body=body, headers=AUTH)
+    finally:
+        served.template_source = source
+    assert r.status_code == 400
+    message = r.json()["error"]["message"]
+    assert "chat template" in message and "system messages only" in message
