@@ -4,6 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+MAX_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A sampled token's log-probability and the ``top`` most likely tokens with theirs
+    (id, log-probability), most likely first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -18,6 +30,8 @@ class SamplingParams:
       ``ignore_eos``), a token of ``stop_token_ids``, or text containing a string of
       ``stop`` (the text ends before it). No stop counts before ``min_tokens`` tokens:
       until then EOS and the stop tokens cannot be sampled.
+    - ``logprobs`` (None: off) reports each sampled token's log-probability under the
+      model's distribution, with that many most likely alternatives (0..20).
     """
 
     temperature: float = 1.0
@@ -29,6 +43,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -43,6 +58,8 @@ class SamplingParams:
             raise ValueError("min_tokens must be in [0, max_tokens]")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must not be empty")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}]")
 
     @property
     def greedy(self) -> bool:

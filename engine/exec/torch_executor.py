@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from shunter.engine.exec.batch import ForwardBatch, SequenceChunk
 from shunter.engine.exec.detok import IncrementalDetokenizer
 from shunter.engine.exec.model import Transformer
-from shunter.engine.exec.params import SamplingParams
+from shunter.engine.exec.params import SamplingParams, TokenLogprob
 from shunter.engine.exec.sampling import request_generator, sample
 from shunter.engine.exec.stop import StopChecker
 from shunter.engine.exec.transfers import KVTransfers
@@ -44,6 +44,7 @@ class _Sequence:
     params: SamplingParams
     generator: torch.Generator | None
     stop: StopChecker
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
 class TorchExecutor(Executor):
@@ -85,6 +86,13 @@ class TorchExecutor(Executor):
         """The request's text so far and its finish reason (None while running)."""
         stop = self._sequences[request_id].stop
         return stop.text, stop.finish_reason
+
+    def take_logprobs(self, request_id: str) -> list[TokenLogprob]:
+        """The log-probabilities of the tokens sampled since the last call (requests
+        with ``params.logprobs`` set); readable as long as :meth:`output` is."""
+        seq = self._sequences[request_id]
+        taken, seq.logprobs = seq.logprobs, []
+        return taken
 
     def take_visible(self, request_id: str) -> str:
         """The request's text not taken before that no stop string can still cut
@@ -139,11 +147,33 @@ class TorchExecutor(Executor):
             [s.generator for s in sampling],
             [s.stop.banned_tokens() for s in sampling],
         )
+        _record_logprobs(logits, sampling, tokens)
         sampled = [e.request_id for e in entries if e.samples]
         for request_id, seq, token in zip(sampled, sampling, tokens, strict=True):
             result.emitted[request_id] = token
             if seq.stop.append(token) is not None:
                 result.stopped.add(request_id)
+
+
+# JSON has no -inf: a token the model rules out reports this instead (as vLLM does).
+MIN_LOGPROB = -9999.0
+
+
+def _record_logprobs(logits: torch.Tensor, sampling: list[_Sequence], tokens: list[int]) -> None:
+    """Append each sampled token's log-probability to the sequences that ask for them."""
+    rows = [i for i, s in enumerate(sampling) if s.params.logprobs is not None]
+    if not rows:
+        return
+    logprobs = torch.log_softmax(logits[rows].float(), dim=-1).clamp(min=MIN_LOGPROB)
+    k = max(sampling[i].params.logprobs or 0 for i in rows)
+    top_values, top_ids = torch.topk(logprobs, k, dim=-1) if k else (None, None)
+    chosen = logprobs[torch.arange(len(rows)), torch.tensor([tokens[i] for i in rows])].tolist()
+    for row, i in enumerate(rows):
+        n = sampling[i].params.logprobs or 0
+        top: tuple[tuple[int, float], ...] = ()
+        if n and top_ids is not None and top_values is not None:
+            top = tuple(zip(top_ids[row, :n].tolist(), top_values[row, :n].tolist(), strict=True))
+        sampling[i].logprobs.append(TokenLogprob(tokens[i], chosen[row], top))
 
 
 def _token_ids(request: Request) -> list[int]:

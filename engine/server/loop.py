@@ -17,12 +17,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from shunter.engine.config import SloSpec
 from shunter.engine.core import StepStats
-from shunter.engine.exec.params import SamplingParams
+from shunter.engine.exec.params import SamplingParams, TokenLogprob
 from shunter.engine.exec.serving import TorchEngine
 from shunter.engine.request import Request
 from shunter.engine.server.metrics import ServerMetrics
@@ -43,6 +43,7 @@ class Delta:
     text: str
     finish_reason: str | None = None
     error: str | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
 class Stream:
@@ -212,15 +213,17 @@ class EngineLoop:
             new = request.output_token_ids[stream.num_sent :]
             if not new and output is None:
                 continue
-            text = self.engine.executor.take_visible(request_id)
+            executor = self.engine.executor
+            text = executor.take_visible(request_id)
+            logprobs = [] if stream.params.logprobs is None else executor.take_logprobs(request_id)
             metrics.on_tokens(request, stream.num_sent)
             stream.num_sent += len(new)
             if output is None:
-                delta = Delta(new, text)
+                delta = Delta(new, text, logprobs=logprobs)
             else:
                 del self._streams[request_id]
                 metrics.on_finish(request, output.finish_reason, stream.tenant)
-                delta = Delta(new, text, output.finish_reason)
+                delta = Delta(new, text, output.finish_reason, logprobs=logprobs)
             deliveries.setdefault(stream.loop, []).append((stream, delta))
         for loop, batch in deliveries.items():
             loop.call_soon_threadsafe(_deliver, batch)

@@ -18,6 +18,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from shunter.engine.config import ModelSpec, SloSpec
+from shunter.engine.exec.detok import token_bytes
 
 DEFAULT_CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -60,12 +61,14 @@ def parse_model_arg(value: str) -> ModelArg:
 
 @dataclass
 class ServedModel:
-    """A model as the HTTP layer sees it: tokenizer, chat template, context length."""
+    """A model as the HTTP layer sees it: tokenizer, chat template, context length, and
+    each token's bytes (``detok.token_bytes``) for log-probability reports."""
 
     arg: ModelArg
     spec: ModelSpec
     tokenizer: Tokenizer
     template_source: str
+    token_bytes: list[bytes]
     special_tokens: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -120,4 +123,4 @@ def load_served_model(arg: ModelArg, spec: ModelSpec) -> ServedModel:
         for key in ("bos_token", "eos_token")
         if isinstance(value := config.get(key), str)
     }
-    return ServedModel(arg, spec, tokenizer, template, special)
+    return ServedModel(arg, spec, tokenizer, template, token_bytes(tokenizer), special)

@@ -19,9 +19,12 @@ from typing import Any
 from aiohttp import web
 
 from shunter.engine.config import SloSpec
+from shunter.engine.exec.params import TokenLogprob
 from shunter.engine.server.context import REQUEST_ID, STATE, ServerState
 from shunter.engine.server.errors import ApiError, bad_request, model_not_found, unavailable
+from shunter.engine.server.logprobs import chat_logprobs, completion_logprobs
 from shunter.engine.server.loop import ABORTED, Delta, Stream
+from shunter.engine.server.models import ServedModel
 from shunter.engine.server.protocol import (
     GenerationRequest,
     model_name,
@@ -37,15 +40,26 @@ class _Choice:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    logprob_offset: int = 0  # completions: text length of the tokens reported so far
 
 
 class _Call:
     """One HTTP generation request: its choices' streams and the response format."""
 
-    def __init__(self, chat: bool, request_id: str, model: str, extras: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        chat: bool,
+        request_id: str,
+        served: ServedModel,
+        extras: dict[str, Any],
+        with_logprobs: bool,
+    ) -> None:
         self.chat = chat
         self.id = ("chatcmpl-" if chat else "cmpl-") + request_id
-        self.model = model
+        self.model = served.name
+        self.token_bytes = served.token_bytes
+        self.with_logprobs = with_logprobs
         self.created = int(time.time())
         self.return_token_ids = bool(extras.get("return_token_ids"))
 
@@ -72,6 +86,7 @@ class _Call:
         *,
         chunk: bool,
         first: bool = False,
+        logprobs: list[TokenLogprob] | None = None,
     ) -> dict[str, Any]:
         out: dict[str, Any] = {"index": c.index}
         if self.chat:
@@ -81,10 +96,19 @@ class _Call:
                 out["message"] = {"role": "assistant", "content": text}
         else:
             out["text"] = text
-        out["logprobs"] = None
+        out["logprobs"] = self._logprobs(c, logprobs or [])
         out["finish_reason"] = finish
         if self.return_token_ids:
             out["token_ids"] = token_ids
+        return out
+
+    def _logprobs(self, c: _Choice, entries: list[TokenLogprob]) -> dict[str, Any] | None:
+        if not self.with_logprobs:
+            return None
+        if self.chat:
+            return chat_logprobs(entries, self.token_bytes)
+        out = completion_logprobs(entries, self.token_bytes, c.logprob_offset)
+        c.logprob_offset += sum(len(t) for t in out["tokens"])
         return out
 
 
@@ -141,7 +165,7 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
     state.check_capacity(gen)
     slo = slo_from_header(request.headers.get("X-Shunter-Slo"), state.slo_of(name))
     tenant = request.headers.get("X-Shunter-Tenant", "")
-    call = _Call(chat, request[REQUEST_ID], name, extras)
+    call = _Call(chat, request[REQUEST_ID], served, extras, gen.params.logprobs is not None)
     loop = asyncio.get_running_loop()
     sink: asyncio.Queue[tuple[int, Delta]] = asyncio.Queue()
     streams = []
@@ -175,6 +199,7 @@ async def _deltas(
         c = choices[index]
         c.text += delta.text
         c.token_ids += delta.token_ids
+        c.logprobs += delta.logprobs
         if delta.finish_reason is not None:
             c.finish_reason = delta.finish_reason
             left -= 1
@@ -191,7 +216,10 @@ async def _collect(
         if delta.finish_reason == ABORTED:
             raise unavailable(f"The request was aborted: {delta.error}")
     body = call.envelope(
-        [call.choice(c, c.text, c.token_ids, c.finish_reason, chunk=False) for c in choices],
+        [
+            call.choice(c, c.text, c.token_ids, c.finish_reason, chunk=False, logprobs=c.logprobs)
+            for c in choices
+        ],
         chunk=False,
     )
     body["usage"] = usage(choices, gen.prompts)
@@ -235,7 +263,17 @@ async def _stream(
             finish = delta.finish_reason
             await send(
                 call.envelope(
-                    [call.choice(c, delta.text, delta.token_ids, finish, chunk=True)], chunk=True
+                    [
+                        call.choice(
+                            c,
+                            delta.text,
+                            delta.token_ids,
+                            finish,
+                            chunk=True,
+                            logprobs=delta.logprobs,
+                        )
+                    ],
+                    chunk=True,
                 )
             )
     else:

@@ -11,10 +11,11 @@ import math
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from shunter.engine.exec.params import SamplingParams
+from shunter.engine.exec.params import MAX_LOGPROBS, SamplingParams
 from shunter.engine.server.errors import bad_request
 
 MAX_N = 8
+MAX_COMPLETION_LOGPROBS = 5  # the OpenAI API's bound for /v1/completions
 MAX_STOP = 4
 # The OpenAI API's default for /v1/completions; chat defaults to the rest of the context.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -88,18 +89,22 @@ def model_name(body: Any) -> str:
 
 def parse_completion(body: dict[str, Any], info: ServedModelInfo) -> GenerationRequest:
     _check_fields(body, COMPLETION_FIELDS)
-    if body.get("logprobs") is not None:
-        raise bad_request("'logprobs' is not supported by this engine.", "logprobs")
+    logprobs = _int(body, "logprobs", 0, MAX_COMPLETION_LOGPROBS, None)
     prompts = [_prompt_ids(p, info) for p in _prompt_list(body.get("prompt"))]
     default = COMPLETIONS_DEFAULT_MAX_TOKENS
     max_tokens = _int(body, "max_tokens", 1, None, None)
-    return _request(body, info, prompts, max_tokens, default)
+    return _request(body, info, prompts, max_tokens, default, logprobs)
 
 
 def parse_chat(body: dict[str, Any], info: ServedModelInfo) -> GenerationRequest:
     _check_fields(body, CHAT_FIELDS)
-    if body.get("logprobs") not in (None, False) or body.get("top_logprobs") is not None:
-        raise bad_request("'logprobs' and 'top_logprobs' are not supported.", "logprobs")
+    top = _int(body, "top_logprobs", 0, MAX_LOGPROBS, None)
+    if not _bool(body, "logprobs", False):
+        if top is not None:
+            raise bad_request("'top_logprobs' needs 'logprobs': true.", "top_logprobs")
+        logprobs = None
+    else:
+        logprobs = top or 0
     messages = _messages(body.get("messages"))
     try:
         text = info.render_chat(messages)
@@ -109,7 +114,7 @@ def parse_chat(body: dict[str, Any], info: ServedModelInfo) -> GenerationRequest
     max_tokens = _int(body, "max_completion_tokens", 1, None, None)
     if max_tokens is None:
         max_tokens = _int(body, "max_tokens", 1, None, None)
-    return _request(body, info, [prompt], max_tokens, None)
+    return _request(body, info, [prompt], max_tokens, None, logprobs)
 
 
 def _request(
@@ -118,6 +123,7 @@ def _request(
     prompts: list[list[int]],
     max_tokens: int | None,
     default_max_tokens: int | None,
+    logprobs: int | None,
 ) -> GenerationRequest:
     longest = max(len(p) for p in prompts)
     if max_tokens is None:
@@ -161,6 +167,7 @@ def _request(
         min_tokens=_min_tokens(body, max_tokens),
         stop=_stop(body.get("stop")),
         ignore_eos=_bool(body, "ignore_eos", False),
+        logprobs=logprobs,
     )
     return GenerationRequest(
         model=info.name,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -174,3 +175,47 @@ def test_unknown_model_is_404(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as e:
         client.completions.create(model="gpt-9", prompt="x", max_tokens=1)
     assert e.value.body["code"] == "model_not_found"  # type: ignore[index]
+
+
+def test_chat_logprobs_greedy(client: openai.OpenAI) -> None:
+    out = client.chat.completions.create(
+        model="llama",
+        messages=[{"role": "user", "content": "hello"}],
+        max_tokens=5,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+        extra_body={"ignore_eos": True},
+    )
+    logprobs = out.choices[0].logprobs
+    assert logprobs is not None and logprobs.content is not None
+    assert len(logprobs.content) == 5
+    for entry in logprobs.content:
+        assert entry.logprob <= 0
+        assert len(entry.top_logprobs) == 3
+        # Greedy: the sampled token is the most likely one.
+        assert entry.top_logprobs[0].token == entry.token
+        assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob)
+        values = [t.logprob for t in entry.top_logprobs]
+        assert values == sorted(values, reverse=True)
+
+
+def test_completion_logprobs_streamed_equal_whole(client: openai.OpenAI) -> None:
+    kwargs: dict[str, Any] = {
+        "model": "qwen",
+        "prompt": PROMPT,
+        "max_tokens": 6,
+        "temperature": 0,
+        "logprobs": 2,
+        "extra_body": {"ignore_eos": True},
+    }
+    whole = client.completions.create(**kwargs).choices[0].logprobs
+    assert whole is not None and whole.token_logprobs is not None
+    streamed: list[float] = []
+    for chunk in client.completions.create(stream=True, **kwargs):
+        lp = chunk.choices[0].logprobs
+        streamed += (lp.token_logprobs or []) if lp else []
+    assert streamed == pytest.approx(whole.token_logprobs)
+    assert whole.text_offset == sorted(whole.text_offset or [])
+    # Keyed by token text: two tokens with the same text share one key.
+    assert all(1 <= len(top) <= 2 for top in whole.top_logprobs or [])
