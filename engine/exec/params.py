@@ -30,6 +30,9 @@ class SamplingParams:
       ``ignore_eos``), a token of ``stop_token_ids``, or text containing a string of
       ``stop`` (the text ends before it). No stop counts before ``min_tokens`` tokens:
       until then EOS and the stop tokens cannot be sampled.
+    - ``presence_penalty`` and ``frequency_penalty`` (OpenAI's, in [-2, 2]) lower the
+      logits of tokens already in the output: by the first once a token appears, by the
+      second for each time it appears.
     - ``logprobs`` (None: off) reports each sampled token's log-probability under the
       model's distribution, with that many most likely alternatives (0..20).
     """
@@ -43,6 +46,8 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     logprobs: int | None = None
 
     def __post_init__(self) -> None:
@@ -58,9 +63,15 @@ class SamplingParams:
             raise ValueError("min_tokens must be in [0, max_tokens]")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must not be empty")
+        if not (-2 <= self.presence_penalty <= 2 and -2 <= self.frequency_penalty <= 2):
+            raise ValueError("presence_penalty and frequency_penalty must be in [-2, 2]")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}]")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def penalized(self) -> bool:
+        return self.presence_penalty != 0 or self.frequency_penalty != 0

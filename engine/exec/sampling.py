@@ -55,6 +55,24 @@ def sample(
     return tokens
 
 
+def apply_penalties(
+    logits: torch.Tensor, params: Sequence[SamplingParams], outputs: Sequence[Sequence[int]]
+) -> torch.Tensor:
+    """``logits`` with each row's presence and frequency penalties applied over the
+    tokens of its output so far (``outputs[i]``); unchanged when no row has any."""
+    rows = [i for i, p in enumerate(params) if p.penalized and outputs[i]]
+    if not rows:
+        return logits
+    logits = logits.float().clone()
+    for i in rows:
+        ids, counts = torch.unique(
+            torch.tensor(outputs[i], device=logits.device), return_counts=True
+        )
+        p = params[i]
+        logits[i, ids] -= p.presence_penalty + p.frequency_penalty * counts.to(logits.dtype)
+    return logits
+
+
 def filtered_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
     """Unnormalized probabilities after temperature, top-k and top-p, row by row."""
     device = logits.device

@@ -17,7 +17,7 @@ from shunter.engine.exec.batch import ForwardBatch, SequenceChunk
 from shunter.engine.exec.detok import IncrementalDetokenizer
 from shunter.engine.exec.model import Transformer
 from shunter.engine.exec.params import SamplingParams, TokenLogprob
-from shunter.engine.exec.sampling import request_generator, sample
+from shunter.engine.exec.sampling import apply_penalties, request_generator, sample
 from shunter.engine.exec.stop import StopChecker
 from shunter.engine.exec.transfers import KVTransfers
 from shunter.engine.interfaces import Executor
@@ -140,15 +140,17 @@ class TorchExecutor(Executor):
             sliding_window=served.model.arch.sliding_window,
         )
         logits = served.model.forward(batch, served.kv_cache)
-        sampling = [self._sequences[e.request_id] for e in entries if e.samples]
+        sampled = [e.request_id for e in entries if e.samples]
+        sampling = [self._sequences[request_id] for request_id in sampled]
+        params = [s.params for s in sampling]
+        outputs = [self._requests[request_id].output_token_ids for request_id in sampled]
         tokens = sample(
-            logits,
-            [s.params for s in sampling],
+            apply_penalties(logits, params, outputs),
+            params,
             [s.generator for s in sampling],
             [s.stop.banned_tokens() for s in sampling],
         )
         _record_logprobs(logits, sampling, tokens)
-        sampled = [e.request_id for e in entries if e.samples]
         for request_id, seq, token in zip(sampled, sampling, tokens, strict=True):
             result.emitted[request_id] = token
             if seq.stop.append(token) is not None:

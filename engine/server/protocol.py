@@ -143,9 +143,6 @@ def _request(
             f"{max_tokens} for the completion). Please reduce the prompt or max_tokens.",
             "max_tokens",
         )
-    for name in ("presence_penalty", "frequency_penalty"):
-        if _float(body, name, -2.0, 2.0, 0.0) != 0.0:
-            raise bad_request(f"'{name}' other than 0 is not supported.", name)
     if "user" in body and not isinstance(body["user"], str):
         raise bad_request("'user' must be a string.", "user")
     stream = _bool(body, "stream", False)
@@ -167,6 +164,8 @@ def _request(
         min_tokens=_min_tokens(body, max_tokens),
         stop=_stop(body.get("stop")),
         ignore_eos=_bool(body, "ignore_eos", False),
+        presence_penalty=_float(body, "presence_penalty", -2.0, 2.0, 0.0),
+        frequency_penalty=_float(body, "frequency_penalty", -2.0, 2.0, 0.0),
         logprobs=logprobs,
     )
     return GenerationRequest(

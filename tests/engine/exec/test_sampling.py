@@ -6,7 +6,12 @@ import pytest
 import torch
 
 from shunter.engine.exec.params import SamplingParams
-from shunter.engine.exec.sampling import filtered_probs, request_generator, sample
+from shunter.engine.exec.sampling import (
+    apply_penalties,
+    filtered_probs,
+    request_generator,
+    sample,
+)
 
 CPU = torch.device("cpu")
 VOCAB = 50
@@ -113,8 +118,25 @@ def test_sampling_without_a_generator_is_refused() -> None:
         {"max_tokens": 0},
         {"min_tokens": 5, "max_tokens": 4},
         {"stop": ("",)},
+        {"presence_penalty": 2.5},
+        {"frequency_penalty": -3},
+        {"logprobs": 21},
     ],
 )
 def test_invalid_params_are_rejected(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         SamplingParams(**bad)  # type: ignore[arg-type]
+
+
+def test_penalties_lower_the_logits_of_output_tokens() -> None:
+    logits = torch.zeros(3, 5)
+    params = [
+        SamplingParams(presence_penalty=1.0),
+        SamplingParams(frequency_penalty=0.5),
+        SamplingParams(),
+    ]
+    out = apply_penalties(logits, params, [[1, 1, 3], [1, 1, 3], [1, 2]])
+    assert out[0].tolist() == [0.0, -1.0, 0.0, -1.0, 0.0]
+    assert out[1].tolist() == [0.0, -1.0, 0.0, -0.5, 0.0]
+    assert out[2].tolist() == [0.0] * 5
+    assert logits.eq(0).all()  # the input is left as it was

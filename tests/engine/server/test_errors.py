@@ -39,7 +39,7 @@ CASES: list[tuple[str, str, Any, int, str | None]] = [
         400,
         "min_tokens",
     ),
-    ("penalty", "/v1/completions", {**DONE, "presence_penalty": 1.0}, 400, "presence_penalty"),
+    ("penalty", "/v1/completions", {**DONE, "presence_penalty": 3.0}, 400, "presence_penalty"),
     ("logprobs", "/v1/completions", {**DONE, "logprobs": 6}, 400, "logprobs"),
     (
         "top_logprobs alone",

@@ -219,3 +219,26 @@ def test_completion_logprobs_streamed_equal_whole(client: openai.OpenAI) -> None
     assert whole.text_offset == sorted(whole.text_offset or [])
     # Keyed by token text: two tokens with the same text share one key.
     assert all(1 <= len(top) <= 2 for top in whole.top_logprobs or [])
+
+
+def test_frequency_penalty_stops_greedy_repeats(client: openai.OpenAI) -> None:
+    out = client.completions.create(
+        model="llama",
+        prompt=PROMPT,
+        max_tokens=24,
+        temperature=0,
+        frequency_penalty=2.0,
+        presence_penalty=2.0,
+        extra_body={"ignore_eos": True, "return_token_ids": True},
+    )
+    ids = out.choices[0].model_extra["token_ids"]  # type: ignore[index]
+    plain = client.completions.create(
+        model="llama",
+        prompt=PROMPT,
+        max_tokens=24,
+        temperature=0,
+        extra_body={"ignore_eos": True, "return_token_ids": True},
+    )
+    plain_ids = plain.choices[0].model_extra["token_ids"]  # type: ignore[index]
+    # Random weights repeat under greedy decoding; heavy penalties make repeats rarer.
+    assert len(set(ids)) > len(set(plain_ids)) or len(set(ids)) == len(ids)
