@@ -20,6 +20,7 @@ from aiohttp import web
 
 from shunter.engine.config import SloSpec
 from shunter.engine.exec.params import TokenLogprob
+from shunter.engine.exec.serving import DEFAULT_SLO
 from shunter.engine.server.context import REQUEST_ID, STATE, ServerState
 from shunter.engine.server.errors import ApiError, bad_request, model_not_found, unavailable
 from shunter.engine.server.logprobs import chat_logprobs, completion_logprobs
@@ -148,6 +149,7 @@ async def read_json(request: web.Request) -> Any:
         raise bad_request(f"The request body is not valid JSON: {e}.") from None
 
 
+# vLLM's extensions beyond the request fields ``protocol`` parses.
 EXTRAS = ("return_token_ids",)
 
 
@@ -161,6 +163,9 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
     if not state.admitting:
         raise unavailable("The engine is draining or reloading models and admits no requests.")
     extras = {key: body.pop(key) for key in EXTRAS if key in body}
+    for key, value in extras.items():
+        if not isinstance(value, bool):
+            raise bad_request(f"'{key}' must be a boolean.", key)
     gen = parse_chat(body, served) if chat else parse_completion(body, served)
     state.check_capacity(gen)
     slo = slo_from_header(request.headers.get("X-Shunter-Slo"), state.slo_of(name))
@@ -299,7 +304,7 @@ def slo_from_header(value: str | None, default: SloSpec | None) -> SloSpec | Non
                 f"X-Shunter-Slo: expected class=NAME,ttft_ms=N,tbt_ms=N, got {value!r}."
             )
         fields[key] = v.strip()
-    base = default or SloSpec("default", ttft_s=5.0, tbt_s=0.1)
+    base = default or DEFAULT_SLO
     try:
         return dataclasses.replace(
             base,

@@ -65,6 +65,7 @@ CASES: list[tuple[str, str, Any, int, str | None]] = [
         400,
         "messages",
     ),
+    ("extra type", "/v1/completions", {**DONE, "return_token_ids": 1}, 400, "return_token_ids"),
     ("too large", "/v1/completions", b"x" * (10 << 20), 413, None),
 ]
 
@@ -136,3 +137,12 @@ def test_a_template_that_raises_is_a_400(server: ServerThread) -> None:
     assert r.status_code == 400
     message = r.json()["error"]["message"]
     assert "chat template" in message and "system messages only" in message
+
+
+@pytest.mark.parametrize("header", ["bogus", "ttft_ms=fast", "tbt_ms=-5"])
+def test_a_bad_slo_header_is_a_400(server: ServerThread, header: str) -> None:
+    body = json.dumps({**DONE, "max_tokens": 2}).encode()
+    headers = {**AUTH, "X-Shunter-Slo": header}
+    r = request("POST", server.url + "/v1/completions", body=body, headers=headers)
+    assert r.status_code == 400 and "X-Shunter-Slo" in r.json()["error"]["message"]
+    assert_no_leaks(server.engine_state())
