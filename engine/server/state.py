@@ -25,6 +25,13 @@ def remapped_layer_ids(memory: KVMemory, model: str) -> list[int]:
     ]
 
 
+def _remapped_pages(memory: KVMemory, model: str, layers: list[int]) -> int:
+    layout, arena = memory.weights[model], memory.arena
+    return sum(
+        arena.owner(p) != PageOwner.weights(model, i) for i in layers for p in layout.layers[i]
+    )
+
+
 def engine_state(loop: EngineLoop, models: Mapping[str, ServedModel]) -> dict[str, Any]:
     """Per model: sharing, KV blocks, weight pages resident and remapped layers, requests
     by state; the arena's pages by owner; host swap use; rotations and bytes moved per
@@ -48,6 +55,7 @@ def engine_state(loop: EngineLoop, models: Mapping[str, ServedModel]) -> dict[st
             "kv_usage": memory.usage(name),
             "weight_bytes_resident": weight_pages * arena.page_bytes,
             "remapped_layers": remapped,
+            "weight_bytes_remapped": _remapped_pages(memory, name, remapped) * arena.page_bytes,
             "requests": {
                 "waiting": len(q.waiting),
                 "running": len(q.running),

@@ -1,0 +1,59 @@
+"""``shunter engine``'s settings: --model flags and the TOML file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shunter.engine.server.models import parse_model_arg
+from shunter.engine.server.settings import SettingsError, check_model_dirs, load_settings
+
+
+def test_model_flag_with_and_without_a_sharing_mode() -> None:
+    assert parse_model_arg("a=/m/x:temporal").sharing == "temporal"
+    assert parse_model_arg("a=/m/x").sharing == "spatial"
+    assert parse_model_arg("a=/m/x:spatial").path == Path("/m/x")
+    with pytest.raises(ValueError):
+        parse_model_arg("/m/x")
+
+
+def test_config_file_and_flags_combine(tmp_path: Path) -> None:
+    config = tmp_path / "engine.toml"
+    config.write_text(
+        'policy = "fcfs"\nkv_tokens = 1024\n'
+        "[slo_classes.gold]\nttft_ms = 250\ntbt_ms = 40\n"
+        '[[models]]\nname = "a"\npath = "/m/a"\nsharing = "temporal"\nslo = "gold"\n'
+    )
+    settings = load_settings(config, ["b=/m/b"])
+    assert [m.name for m in settings.models] == ["a", "b"]
+    assert settings.policy == "fcfs" and settings.kv_tokens == 1024
+    slo = settings.models[0].slo
+    assert slo is not None and (slo.ttft_s, slo.tbt_s) == (0.25, 0.04)
+    with pytest.raises(SettingsError, match="has no config"):
+        check_model_dirs(settings)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("bogus = 1\n", "unknown key 'bogus'"),
+        ('policy = "best"\n[[models]]\nname = "a"\npath = "/a"\n', "policy"),
+        ('[[models]]\nname = "a"\n', "needs name and path"),
+        ('[[models]]\nname = "a"\npath = "/a"\nslo = "x"\n', "unknown SLO class"),
+        ('[[models]]\nname = "a"\npath = "/a"\nsharing = "both"\n', "sharing"),
+        ("[slo_classes.x]\nttft_ms = -1\n", "targets must be positive"),
+        ("this is not toml", "engine.toml"),
+        ("", "no models"),
+    ],
+)
+def test_bad_config_files(tmp_path: Path, text: str, message: str) -> None:
+    config = tmp_path / "engine.toml"
+    config.write_text(text)
+    with pytest.raises(SettingsError, match=message):
+        load_settings(config, [])
+
+
+def test_duplicate_names_are_refused() -> None:
+    with pytest.raises(SettingsError, match="unique"):
+        load_settings(None, ["a=/x", "a=/y"])
