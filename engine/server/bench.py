@@ -47,6 +47,10 @@ class Timings:
         self.ttft: list[float] = []
         self.itl: list[float] = []
 
+    def extend(self, other: Timings) -> None:
+        self.ttft += other.ttft
+        self.itl += other.itl
+
     def add(self, t_start: float, token_times: Sequence[float]) -> None:
         self.ttft.append(token_times[0] - t_start)
         self.itl += [b - a for a, b in itertools.pairwise(token_times)]
@@ -59,10 +63,14 @@ def bench_server(
     requests: int = 32,
     prompt_tokens: int = 64,
     max_tokens: int = 32,
-    threads: int | None = None,
+    threads: int = 1,
+    rounds: int = 3,
 ) -> Iterator[str]:
-    """Run the comparison at each concurrency of ``streams`` and yield the report."""
-    torch.set_num_threads(threads or os.cpu_count() or 1)
+    """Run the comparison at each concurrency of ``streams`` (``rounds`` alternated
+    rounds of both paths, samples pooled) and yield the report."""
+    # One thread: tiny models gain nothing from more, and on a busy machine an
+    # oversubscribed thread pool swamps the overhead being measured.
+    torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory(prefix="shunter-bench-") as tmp:
         if model_dir is None:
             model_dir = init_model_dir(Path(tmp) / PRESET, config=preset_config(PRESET), seed=0)
@@ -72,7 +80,8 @@ def bench_server(
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
         yield (
             f"{model_dir.name} on cpu, {torch.get_num_threads()} threads: {requests} requests "
-            f"x {prompt_tokens} prompt tokens, {max_tokens} output tokens, greedy"
+            f"x {prompt_tokens} prompt tokens, {max_tokens} output tokens, greedy, "
+            f"{rounds} alternated rounds"
         )
         engine = TorchEngine(
             {MODEL: model_dir}, engine_config(settings), device=torch.device("cpu")
@@ -83,8 +92,11 @@ def bench_server(
             asyncio.run(_through_server(url, prompts[:2], max_tokens, 2))
             yield f"{'streams':>8} {'':14} {'TTFT p50 ms':>12} {'ITL p50 ms':>11} {'p90':>8}"
             for n in streams:
-                ours = _in_process(engine, prompts, params, n)
-                http = asyncio.run(_through_server(url, prompts, max_tokens, n))
+                # Alternated rounds, samples pooled: a busy machine slows both alike.
+                ours, http = Timings(), Timings()
+                for _ in range(rounds):
+                    ours.extend(_in_process(engine, prompts, params, n))
+                    http.extend(asyncio.run(_through_server(url, prompts, max_tokens, n)))
                 for label, t in (("in-process", ours), ("server", http)):
                     ttft, itl, itl90 = _ms(t.ttft, 0.5), _ms(t.itl, 0.5), _ms(t.itl, 0.9)
                     yield f"{n:>8} {label:14} {ttft:>12} {itl:>11} {itl90:>8}"

@@ -103,7 +103,8 @@ def add_bench_server_parser(benches: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--requests", type=int, default=32, help="requests per run (default 32)")
     p.add_argument("--prompt-tokens", type=int, default=64, help="default 64")
     p.add_argument("--max-tokens", type=int, default=32, help="default 32")
-    p.add_argument("--threads", type=int, help="torch threads (default: every core)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--rounds", type=int, default=3, help="alternated rounds (default 3)")
     p.set_defaults(func=cmd_bench_server)
 
 
@@ -117,6 +118,7 @@ def cmd_bench_server(ns: argparse.Namespace) -> int:
         prompt_tokens=ns.prompt_tokens,
         max_tokens=ns.max_tokens,
         threads=ns.threads,
+        rounds=ns.rounds,
     ):
         print(line, flush=True)
     return 0

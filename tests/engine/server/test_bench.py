@@ -16,6 +16,7 @@ def test_bench_server_reports_both_paths_and_ratios(model_dirs: dict[str, Path])
             prompt_tokens=8,
             max_tokens=4,
             threads=1,
+            rounds=1,
         )
     )
     rows = [line.split() for line in lines[2:]]
