@@ -92,3 +92,24 @@ def test_concurrent_streams_with_disconnects(server: ServerThread) -> None:
     )
     assert r.status_code == 200
     assert_no_leaks(server.wait_idle())
+
+
+def test_a_client_leaving_a_whole_response_aborts_it(server: ServerThread) -> None:
+    body = {"model": "llama", "prompt": "hi", "max_tokens": 1800, "ignore_eos": True}
+
+    async def leave_early() -> None:
+        timeout = aiohttp.ClientTimeout(total=0.3)
+        async with aiohttp.ClientSession(headers=AUTH, timeout=timeout) as session:
+            try:
+                async with session.post(server.url + "/v1/completions", json=body) as r:
+                    await r.read()
+            except TimeoutError:
+                return
+        raise AssertionError("1800 tokens came back within 0.3 s")
+
+    sample = server.state.metrics.registry.get_sample_value
+    labels = {"model_name": "llama", "finished_reason": "abort"}
+    before = sample("vllm:request_success_total", labels) or 0.0
+    asyncio.run(leave_early())
+    assert_no_leaks(server.wait_idle())
+    assert sample("vllm:request_success_total", labels) == before + 1
