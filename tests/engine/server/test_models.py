@@ -1,0 +1,36 @@
+"""Served models: the chat template from ``tokenizer_config.json``, or ChatML."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def test_chat_template_from_the_model_or_chatml(
+    model_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    import json
+    import shutil
+
+    from shunter.engine.exec.hf_config import model_spec_from_config, read_config
+    from shunter.engine.server.models import DEFAULT_CHAT_TEMPLATE, ModelArg, load_served_model
+
+    source = model_dirs["tiny-qwen2"]
+    bare = tmp_path / "bare"
+    shutil.copytree(source, bare)
+    config = json.loads((bare / "tokenizer_config.json").read_text())
+    config["chat_template"] = (
+        "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
+    )
+    (bare / "tokenizer_config.json").write_text(json.dumps(config))
+    (tmp_path / "none").mkdir()
+    for file in ("config.json", "tokenizer.json"):
+        shutil.copy(source / file, tmp_path / "none" / file)
+    messages = [{"role": "user", "content": "hi"}]
+    spec = model_spec_from_config(read_config(source), "m")
+    own = load_served_model(ModelArg("m", bare), spec)
+    assert own.render_chat(messages) == "[user]hi"
+    default = load_served_model(ModelArg("m", tmp_path / "none"), spec)
+    assert default.template_source == DEFAULT_CHAT_TEMPLATE
+    assert (
+        default.render_chat(messages) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    )
