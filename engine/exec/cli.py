@@ -14,7 +14,7 @@ from typing import Any
 _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
-def _byte_count(text: str) -> int:
+def byte_count(text: str) -> int:
     """``123456``, or with a binary suffix: ``64K``, ``1.5G`` (KiB, GiB), ``2MiB``."""
     value = text.strip().upper().removesuffix("IB").removesuffix("B")
     scale = _UNITS.get(value[-1:], 1)
@@ -108,7 +108,7 @@ def add_generate_parser(sub: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument(
         "--hbm-budget",
-        type=_byte_count,
+        type=byte_count,
         metavar="BYTES",
         help="device arena size: weights plus KV (e.g. 500M); default: room for every "
         "request at full length. Pages are 2 MiB, or the largest KV block rounded up to a "

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from shunter.engine.exec.cli import byte_count  # argparse only, no torch
+
 
 def add_engine_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
@@ -30,7 +32,12 @@ def add_engine_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     p.add_argument("--port", type=int, default=8100, help="port (default 8100)")
     p.add_argument("--token", help="bearer token (default: $SHUNTER_ENGINE_TOKEN)")
-    p.add_argument("--hbm-budget", type=int, metavar="BYTES", help="arena bytes on the device")
+    p.add_argument(
+        "--hbm-budget",
+        type=byte_count,
+        metavar="BYTES",
+        help="arena bytes on the device: weights plus KV (e.g. 40G)",
+    )
     p.add_argument("--kv-tokens", type=int, help="KV tokens per model without --hbm-budget")
     p.add_argument("--grace", type=float, help="seconds in-flight requests get on SIGTERM")
     p.set_defaults(func=cmd_engine)

@@ -6,6 +6,7 @@ Pure parsing, no torch: every mistake is a ``SettingsError`` naming the key at f
 
 from __future__ import annotations
 
+import argparse
 import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from shunter.engine.config import POLICIES, SloSpec
+from shunter.engine.exec.cli import byte_count
 from shunter.engine.server.models import ModelArg, parse_model_arg
 
 DEFAULT_KV_TOKENS = 65536
@@ -79,7 +81,7 @@ def settings_from_dict(
     return EngineSettings(
         models=tuple(models),
         device=_typed(data, "device", str, where),
-        hbm_budget=_typed(data, "hbm_budget", int, where),
+        hbm_budget=_bytes(data, "hbm_budget", where),
         kv_tokens=_typed(data, "kv_tokens", int, where) or DEFAULT_KV_TOKENS,
         policy=policy,
         grace_s=float(_typed(data, "grace_s", (int, float), where) or 30.0),
@@ -106,6 +108,17 @@ def _typed(data: dict[str, Any], key: str, kind: type | tuple[type, ...], where:
     if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
         raise SettingsError(f"{where}: {key} has the wrong type ({value!r})")
     return value
+
+
+def _bytes(data: dict[str, Any], key: str, where: str) -> int | None:
+    """A byte count: an integer, or a string such as ``"40G"``."""
+    value: int | str | None = _typed(data, key, (int, str), where)
+    if not isinstance(value, str):
+        return value
+    try:
+        return byte_count(value)
+    except argparse.ArgumentTypeError as e:
+        raise SettingsError(f"{where}: {key}: {e}") from None
 
 
 def _slo(name: str, spec: Any, where: str) -> SloSpec:

@@ -21,13 +21,14 @@ def test_model_flag_with_and_without_a_sharing_mode() -> None:
 def test_config_file_and_flags_combine(tmp_path: Path) -> None:
     config = tmp_path / "engine.toml"
     config.write_text(
-        'policy = "fcfs"\nkv_tokens = 1024\n'
+        'policy = "fcfs"\nkv_tokens = 1024\nhbm_budget = "2G"\n'
         "[slo_classes.gold]\nttft_ms = 250\ntbt_ms = 40\n"
         '[[models]]\nname = "a"\npath = "/m/a"\nsharing = "temporal"\nslo = "gold"\n'
     )
     settings = load_settings(config, ["b=/m/b"])
     assert [m.name for m in settings.models] == ["a", "b"]
     assert settings.policy == "fcfs" and settings.kv_tokens == 1024
+    assert settings.hbm_budget == 2 << 30
     slo = settings.models[0].slo
     assert slo is not None and (slo.ttft_s, slo.tbt_s) == (0.25, 0.04)
     with pytest.raises(SettingsError, match="has no config"):
@@ -44,6 +45,7 @@ def test_config_file_and_flags_combine(tmp_path: Path) -> None:
         ('[[models]]\nname = "a"\npath = "/a"\nsharing = "both"\n', "sharing"),
         ("[slo_classes.x]\nttft_ms = -1\n", "targets must be positive"),
         ("this is not toml", "engine.toml"),
+        ('hbm_budget = "lots"\n[[models]]\nname = "a"\npath = "/a"\n', "hbm_budget"),
         ("", "no models"),
     ],
 )
