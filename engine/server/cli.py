@@ -40,6 +40,11 @@ def add_engine_parser(sub: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument("--kv-tokens", type=int, help="KV tokens per model without --hbm-budget")
     p.add_argument("--grace", type=float, help="seconds in-flight requests get on SIGTERM")
+    p.add_argument(
+        "--check-integrity",
+        action="store_true",
+        help="debug: run the memory integrity check after every step",
+    )
     p.set_defaults(func=cmd_engine)
 
 
@@ -72,7 +77,7 @@ def cmd_engine(ns: argparse.Namespace) -> int:
         check_model_dirs(settings)
         device = available_device(settings.device)
         token = ns.token or os.environ.get("SHUNTER_ENGINE_TOKEN") or None
-        state = build_state(settings, device, token=token)
+        state = build_state(settings, device, token=token, check_integrity=ns.check_integrity)
     except (SettingsError, GenerateError) as e:
         print(f"shunter engine: {e}", file=sys.stderr)
         return 2

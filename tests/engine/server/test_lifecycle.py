@@ -53,6 +53,7 @@ def test_engine_process_serves_and_exits_zero_on_sigterm(model_dirs: dict[str, P
             str(port),
             "--kv-tokens",
             "4096",
+            "--check-integrity",
             "--model",
             f"llama={model_dirs['tiny-llama']}:temporal",
             "--model",
