@@ -143,6 +143,32 @@ class SloSpec:
 
 
 POLICIES = ("fcfs", "wf", "sf", "lvf")
+SHARING_MODES = ("spatial", "temporal")
+CAPACITY_SOURCES = ("free", "inactive", "rotation", "active")
+
+
+@dataclass(frozen=True)
+class TenantSpec:
+    """One model's tenancy: ``sharing`` mode, ``slo`` (the default class of its
+    requests), ``priority`` (higher runs first and loses layers last), and KV bounds in
+    bytes: ``kv_floor`` is kept for it alone, ``kv_ceiling`` (None: no bound) caps it.
+
+    Spatial models execute in every step in which they have work; temporal models take
+    turns (see ``sched.tenancy``).
+    """
+
+    model: str
+    sharing: str = "spatial"
+    slo: SloSpec | None = None
+    priority: int = 0
+    kv_floor: int = 0
+    kv_ceiling: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.sharing not in SHARING_MODES:
+            raise ValueError(f"tenant {self.model!r}: sharing must be one of {SHARING_MODES}")
+        if self.kv_floor < 0 or (self.kv_ceiling is not None and self.kv_ceiling < self.kv_floor):
+            raise ValueError(f"tenant {self.model!r}: need 0 <= kv_floor <= kv_ceiling")
 
 
 @dataclass(frozen=True)
@@ -154,12 +180,15 @@ class SchedulerConfig:
     ``xfer_budget_blocks`` is B_xfer, the blocks LVF may rotate per step (paper: 2400).
     ``max_batch_tokens`` is the per-step token budget shared by decodes and prefill
     chunks; ``max_running`` caps concurrently running requests (vLLM's max_num_seqs).
+    ``turn_quantum_s`` is the least time a temporal model holds the turn while it has
+    work.
     """
 
     policy: str = "lvf"
     xfer_budget_blocks: int = 2400
     max_batch_tokens: int = 8192
     max_running: int = 256
+    turn_quantum_s: float = 0.5
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -168,6 +197,8 @@ class SchedulerConfig:
             raise ValueError("xfer_budget_blocks must be >= 0")
         if self.max_batch_tokens <= 0 or self.max_running <= 0:
             raise ValueError("max_batch_tokens and max_running must be positive")
+        if self.turn_quantum_s < 0:
+            raise ValueError("turn_quantum_s must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -192,13 +223,49 @@ class RotationConfig:
 
 
 @dataclass(frozen=True)
+class RemapConfig:
+    """Oneiros parameter remapping (``remap.controller``).
+
+    Off unless ``enabled``. ``cap_fraction`` bounds the share of one model's layers
+    that may be remapped; ``headroom_fraction`` of the arena is the hysteresis of
+    dynamic reversion; ``capacity_order`` is the order in which the engine takes device
+    memory when KV runs short (names of ``CAPACITY_SOURCES``, ``"free"`` first; leave
+    one out never to use it); ``ewma_weight`` weighs each measured forward pass in the
+    compute-time estimates.
+    """
+
+    enabled: bool = False
+    cap_fraction: float = 0.5
+    headroom_fraction: float = 0.05
+    capacity_order: tuple[str, ...] = CAPACITY_SOURCES
+    ewma_weight: float = 0.2
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.cap_fraction < 1:
+            raise ValueError("cap_fraction must be in [0, 1)")
+        if not 0 <= self.headroom_fraction < 1:
+            raise ValueError("headroom_fraction must be in [0, 1)")
+        if not 0 < self.ewma_weight <= 1:
+            raise ValueError("ewma_weight must be in (0, 1]")
+        order = self.capacity_order
+        if not order or order[0] != "free":
+            raise ValueError(f"capacity order must start with 'free': {list(order)}")
+        if any(s not in CAPACITY_SOURCES for s in order) or len(set(order)) != len(order):
+            raise ValueError(
+                f"capacity order takes distinct names of {CAPACITY_SOURCES}: {list(order)}"
+            )
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """One engine: the models it serves, the memory it manages, and its knobs.
 
     ``device_bytes`` is the device arena (weights of every model plus KV), split into
     pages of ``page_bytes``; ``host_swap_bytes`` is the host memory for swapped KV.
     A KV block holds ``block_tokens`` tokens of all layers (block-first layout).
-    ``check_integrity`` runs the memory integrity check after every step (tests, debug).
+    ``tenants`` gives models their sharing mode, SLO class, priority and KV bounds; a
+    model without one is spatial, priority 0, unbounded. ``check_integrity`` runs the
+    memory integrity check after every step (tests, debug).
     """
 
     models: tuple[ModelSpec, ...]
@@ -208,6 +275,8 @@ class EngineConfig:
     block_tokens: int = 16
     scheduler: SchedulerConfig = SchedulerConfig()
     rotation: RotationConfig = RotationConfig()
+    tenants: tuple[TenantSpec, ...] = ()
+    remap: RemapConfig = RemapConfig()
     check_integrity: bool = False
 
     def __post_init__(self) -> None:
@@ -222,6 +291,9 @@ class EngineConfig:
             raise ValueError("device_bytes must hold at least one page")
         if self.host_swap_bytes < 0:
             raise ValueError("host_swap_bytes must be >= 0")
+        tenants = [t.model for t in self.tenants]
+        if len(set(tenants)) != len(tenants) or not set(tenants) <= set(names):
+            raise ValueError(f"tenants must name distinct served models: {tenants}")
 
     @cached_property
     def num_pages(self) -> int:
@@ -230,6 +302,12 @@ class EngineConfig:
     @cached_property
     def model_by_name(self) -> dict[str, ModelSpec]:
         return {m.name: m for m in self.models}
+
+    @cached_property
+    def tenant_by_model(self) -> dict[str, TenantSpec]:
+        """Every model's tenancy, defaults filled in, in the order of ``models``."""
+        given = {t.model: t for t in self.tenants}
+        return {m.name: given.get(m.name, TenantSpec(m.name)) for m in self.models}
 
     def block_bytes(self, model: str) -> int:
         return self.model_by_name[model].block_bytes(self.block_tokens)

@@ -6,12 +6,15 @@ Pure logic: no torch. The torch executor and the simulator drive the same core.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from shunter.engine.config import EngineConfig
 from shunter.engine.interfaces import Clock, Executor, Transfers
 from shunter.engine.memory.manager import KVMemory
 from shunter.engine.plan import BlockCopy, StepPlan, StepResult
+from shunter.engine.remap.remapper import Remapper
+from shunter.engine.remap.timing import LayerTiming
 from shunter.engine.request import Request, RequestState
 from shunter.engine.sched.policies import make_policy
 from shunter.engine.sched.scheduler import Scheduler
@@ -25,6 +28,10 @@ class StepStats:
     ``t_start`` is the clock when the step began and ``t_end`` when its tokens were
     emitted; ``duration_s`` is the executor's figure for the step. ``schedule_s`` is
     the host time (wall clock, even in the simulator) spent planning the step.
+    ``executing`` lists the models in the batch and ``turn`` the temporal model holding
+    the turn after the step; ``remapped_layers`` the layers each model has lent to the
+    KV cache after the step's remapping, ``layers_restored`` the layers the step loaded
+    back.
     """
 
     step: int
@@ -50,6 +57,10 @@ class StepStats:
     num_rotary: int
     device_kv_blocks_used: dict[str, int]
     host_bytes_used: int
+    executing: list[str] = field(default_factory=list)
+    turn: str | None = None
+    remapped_layers: dict[str, int] = field(default_factory=dict)
+    layers_restored: int = 0
     finished: list[Request] = field(default_factory=list)
 
 
@@ -60,17 +71,33 @@ class EngineCore:
     schedule (policy, memory verbs, batch), submit the plan's copies, execute the
     batch, then emit tokens, update TTFT/TBT timestamps and finish requests.
     With ``config.check_integrity`` the memory integrity check runs after every step.
+
+    With ``config.remap.enabled`` the models' weights are lent to the KV cache under
+    pressure (Oneiros); ``timings`` then gives each model's T_T and prior forward
+    times, and the executor's ``StepResult.compute_s`` keeps the latter measured.
     """
 
     def __init__(
-        self, config: EngineConfig, executor: Executor, transfers: Transfers, clock: Clock
+        self,
+        config: EngineConfig,
+        executor: Executor,
+        transfers: Transfers,
+        clock: Clock,
+        *,
+        timings: Mapping[str, LayerTiming] | None = None,
     ) -> None:
         self.config = config
         self.executor = executor
         self.transfers = transfers
         self.clock = clock
         self.memory = KVMemory(config)
-        self.scheduler = Scheduler(config, self.memory, make_policy(config.scheduler.policy))
+        self.remapper: Remapper | None = None
+        if config.remap.enabled:
+            if timings is None:
+                raise ValueError("remapping needs each model's timings")
+            self.remapper = Remapper(config, self.memory, timings)
+        policy = make_policy(config.scheduler.policy)
+        self.scheduler = Scheduler(config, self.memory, policy, self.remapper)
         self._block_bytes = {spec.name: config.block_bytes(spec.name) for spec in config.models}
         self._step = 0
 
@@ -103,6 +130,8 @@ class EngineCore:
         self.transfers.submit(plan)
         result = self.executor.execute(plan)
         t_end = self.clock.now()
+        if self.remapper is not None:
+            self.remapper.observe(plan, result)
         finished = self.scheduler.update(plan, result, t_end)
         if self.config.check_integrity:
             self.check_integrity()
@@ -145,5 +174,9 @@ class EngineCore:
             num_rotary=self.scheduler.count(RequestState.ROTARY),
             device_kv_blocks_used=self.memory.blocks_used(),
             host_bytes_used=self.memory.host.used_bytes,
+            executing=list(dict.fromkeys(e.model for e in plan.batch)),
+            turn=self.scheduler.tenancy.holder,
+            remapped_layers={} if self.remapper is None else self.remapper.alpha(),
+            layers_restored=sum(map(len, plan.restored.values())),
             finished=finished,
         )

@@ -41,6 +41,23 @@ class BlockMove(NamedTuple):
     dst: int
 
 
+class LayerLoad(NamedTuple):
+    """Copy decoder layer ``layer``'s weights host-to-device into weight frame ``frame``
+    (the pages ``place_weights`` gave layer ``frame``)."""
+
+    layer: int
+    frame: int
+
+
+class SlotStream(NamedTuple):
+    """A remapped model's streamed layers, in execution order, and the frames they take
+    turns in: the i-th streamed layer of a forward pass is copied into
+    ``slots[i % len(slots)]``."""
+
+    layers: tuple[int, ...]
+    slots: tuple[int, ...]
+
+
 @dataclass
 class StepPlan:
     """Everything step ``step`` does.
@@ -60,6 +77,16 @@ class StepPlan:
         pending D2H source.
       - ``moves``: device-to-device moves, done before the forward pass reads KV.
 
+    Weights, per model name (parameter remapping):
+      - ``remapped``: weight frames handed to the KV cache this step; their pages may
+        hold KV from this step on.
+      - ``restored``: one-time host-to-device loads of layers into frames, to land
+        before the model's next forward pass reads those layers (a frame taken back
+        from the KV cache was emptied by this or an earlier step's ``moves``).
+      - ``streams``: for each model in the batch with remapped layers, the layers its
+        forward pass streams through slots: each copied host-to-device into its slot
+        once the slot's previous layer has run, and waited on before it runs.
+
     ``batch`` lists decode entries first, then prefill chunks.
     """
 
@@ -73,6 +100,9 @@ class StepPlan:
     rotate: dict[str, list[BlockCopy]] = field(default_factory=dict)
     swap_in: dict[str, list[BlockCopy]] = field(default_factory=dict)
     moves: dict[str, list[BlockMove]] = field(default_factory=dict)
+    remapped: dict[str, list[int]] = field(default_factory=dict)
+    restored: dict[str, list[LayerLoad]] = field(default_factory=dict)
+    streams: dict[str, SlotStream] = field(default_factory=dict)
 
     def d2h(self, model: str) -> list[BlockCopy]:
         """The model's whole device-to-host batch: preemption copies, then rotations."""
@@ -103,9 +133,12 @@ class StepResult:
     executor without real tokens, such as the simulator). ``stopped`` lists requests
     whose sampled token ends them (EOS, stop string); the engine also ends a request on
     its own when it reaches ``max_output_tokens``. ``duration_s`` is the step's time on
-    the device, transfer waits included.
+    the device, transfer waits included. ``compute_s`` is each model's forward pass
+    without waits for weights (what remapping measures T_compute by), where the
+    executor knows it.
     """
 
     duration_s: float
     emitted: dict[str, int | None] = field(default_factory=dict)
     stopped: set[str] = field(default_factory=set)
+    compute_s: dict[str, float] = field(default_factory=dict)

@@ -27,7 +27,7 @@ class RequestState(enum.Enum):
     FINISHED = "finished"
 
 
-RUNNING, ROTARY = RequestState.RUNNING, RequestState.ROTARY
+RUNNING, WAITING = RequestState.RUNNING, RequestState.WAITING
 
 
 @dataclass(eq=False)
@@ -117,7 +117,7 @@ class Request:
         return (self.t_last - self.t_first_token) / (self.num_output_tokens - 1)
 
 
-def vlts(requests: Iterable[Request], now: float) -> list[float]:
+def vlts(requests: Iterable[Request], now: float, *, paused: bool = False) -> list[float]:
     """Virtual Lag Time (SuperInfer §4.2.2) of each request at ``now``, with S_B = TBT SLO
     and S_F = TTFT SLO:
 
@@ -128,14 +128,18 @@ def vlts(requests: Iterable[Request], now: float) -> list[float]:
     A rotary request that has not emitted a token yet lags on its TTFT, not on a token
     gap, so it takes the waiting branch: ``t_last`` does not exist for it. One pass over
     many requests: LVF needs every non-running request's VLT at every contended step.
+
+    ``paused``: the RUNNING requests belong to a model that does not execute (a
+    temporal model without the turn). They keep their KV but emit nothing, so they lag
+    as rotary ones do.
     """
     out: list[float] = []
     for r in requests:
         slo = r.slo
-        if r.state is RUNNING:
+        if r.state is RUNNING and not paused:
             assert r.t_run is not None
             out.append(-(now - r.t_run))
-        elif r.state is ROTARY and r.t_last is not None:
+        elif r.state is not WAITING and r.t_last is not None:
             lag = now - r.t_last - slo.beta_b * slo.tbt_s
             out.append(slo.alpha * lag if lag > 0.0 else 0.0)
         else:

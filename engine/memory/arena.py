@@ -9,6 +9,7 @@ controller converts runs of weight pages to KV and back with ``convert``.
 from __future__ import annotations
 
 import enum
+import heapq
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -44,7 +45,9 @@ class Arena:
     """Page ownership of the device arena.
 
     ``version`` changes whenever any page changes owner, so views derived from the
-    ownership (a pool's claimable chunks) know when to look again.
+    ownership know when to look again. For each chunk size a block pool registers
+    (``track_chunks``), the arena keeps count of the fully free aligned chunks, so a
+    pool learns how much it may claim, and which chunks, without scanning pages.
     """
 
     def __init__(self, num_pages: int, page_bytes: int) -> None:
@@ -55,6 +58,11 @@ class Arena:
         self.version = 0
         self._owners: list[PageOwner] = [FREE] * num_pages
         self._num_free = num_pages
+        # Per tracked chunk size: free pages per chunk, the number of fully free
+        # chunks, and a min-heap of fully free chunks (entries go stale; checked on pop).
+        self._free_in: dict[int, list[int]] = {}
+        self._num_free_chunks: dict[int, int] = {}
+        self._free_heap: dict[int, list[int]] = {}
 
     @property
     def num_free_pages(self) -> int:
@@ -86,6 +94,8 @@ class Arena:
         Checks all pages before changing any.
         """
         pages = list(pages)
+        if new == FREE:
+            new = FREE  # one instance, so ``is FREE`` tells free pages apart
         if len(set(pages)) != len(pages):
             raise ValueError("convert: duplicate pages")
         for p in pages:
@@ -97,8 +107,58 @@ class Arena:
             return
         for p in pages:
             self._owners[p] = new
-        self._num_free += len(pages) * (int(new == FREE) - int(expect == FREE))
+        delta = int(new == FREE) - int(expect == FREE)
+        self._num_free += len(pages) * delta
         self.version += 1
+        if delta:
+            for size in self._free_in:
+                self._count_chunks(size, pages, delta)
+
+    def track_chunks(self, pages_per_chunk: int) -> None:
+        """Count fully free aligned chunks of ``pages_per_chunk`` pages from now on."""
+        size = pages_per_chunk
+        if size in self._free_in:
+            return
+        counts = [0] * (self.num_pages // size)
+        for c in range(len(counts)):
+            counts[c] = sum(o is FREE for o in self._owners[c * size : (c + 1) * size])
+        self._free_in[size] = counts
+        self._free_heap[size] = [c for c, n in enumerate(counts) if n == size]
+        self._num_free_chunks[size] = len(self._free_heap[size])
+
+    def num_free_chunks(self, pages_per_chunk: int) -> int:
+        """Fully free aligned chunks of a tracked size."""
+        return self._num_free_chunks[pages_per_chunk]
+
+    def lowest_free_chunks(self, pages_per_chunk: int, n: int) -> list[int]:
+        """The ``n`` lowest fully free chunks of a tracked size (ValueError if fewer)."""
+        size = pages_per_chunk
+        heap, counts = self._free_heap[size], self._free_in[size]
+        if n > self._num_free_chunks[size]:
+            raise ValueError(f"{n} free chunks of {size} pages wanted")
+        chunks: list[int] = []
+        popped: set[int] = set()
+        while len(chunks) < n:
+            c = heapq.heappop(heap)
+            if counts[c] == size and c not in popped:
+                chunks.append(c)
+            popped.add(c)
+        for c in chunks:  # the caller converts them; until then they stay findable
+            heapq.heappush(heap, c)
+        return chunks
+
+    def _count_chunks(self, size: int, pages: list[int], delta: int) -> None:
+        counts, heap = self._free_in[size], self._free_heap[size]
+        for p in pages:
+            c = p // size
+            if c >= len(counts):
+                continue
+            counts[c] += delta
+            if delta > 0 and counts[c] == size:
+                self._num_free_chunks[size] += 1
+                heapq.heappush(heap, c)
+            elif delta < 0 and counts[c] == size - 1:
+                self._num_free_chunks[size] -= 1
 
     def find_free_run(self, num_pages: int, *, from_top: bool = False) -> int | None:
         """First page of a run of ``num_pages`` free pages (lowest, or highest)."""
@@ -109,9 +169,17 @@ class Arena:
         return None
 
     def check_integrity(self) -> None:
-        free = sum(1 for o in self._owners if o == FREE)
+        free_flags = [o is FREE for o in self._owners]
+        free = sum(free_flags)
         if free != self._num_free:
             raise AssertionError(f"arena counts {self._num_free} free pages, holds {free}")
-        for p, o in enumerate(self._owners):
-            if (o.kind is OwnerKind.FREE) != (o.model is None):
+        for size, counts in self._free_in.items():
+            chunks = zip(*[iter(free_flags[: len(counts) * size])] * size, strict=True)
+            actual = list(map(sum, chunks))
+            if actual != counts:
+                raise AssertionError(f"free pages per chunk of {size} pages miscounted")
+            if self._num_free_chunks[size] != counts.count(size):
+                raise AssertionError(f"free chunks of {size} pages miscounted")
+        for p, (o, free) in enumerate(zip(self._owners, free_flags, strict=True)):
+            if free != (o.model is None):
                 raise AssertionError(f"page {p}: malformed owner {o}")

@@ -18,7 +18,7 @@ class InFlight:
 
     def __init__(self) -> None:
         self._incomplete: set[int] = set()
-        self._swap_blocks: dict[int, int] = {}  # step -> blocks of its swap copies
+        self._swap_blocks: dict[int, dict[str, int]] = {}  # step -> model -> swap blocks
         self._landing: dict[int, list[tuple[BlockTable, int]]] = {}
         self._device_frees: dict[int, Frees] = {}
         self._host_frees: dict[int, Frees] = {}
@@ -30,16 +30,21 @@ class InFlight:
         """Step ``step`` carries a copy or a move: fence it until it completes."""
         self._incomplete.add(step)
 
-    def count_swaps(self, step: int, num_blocks: int) -> None:
-        """Step ``step`` carries ``num_blocks`` more blocks of swap copies (swap-ins and
-        preemptions, not eager rotation): fence it, and count them until it completes."""
+    def count_swaps(self, step: int, model: str, num_blocks: int) -> None:
+        """Step ``step`` carries ``num_blocks`` more blocks of ``model``'s swap copies
+        (swap-ins and preemptions, not eager rotation): fence it, and count them until
+        it completes."""
         self._incomplete.add(step)
-        self._swap_blocks[step] = self._swap_blocks.get(step, 0) + num_blocks
+        counts = self._swap_blocks.setdefault(step, {})
+        counts[model] = counts.get(model, 0) + num_blocks
 
-    @property
-    def num_swap_blocks(self) -> int:
-        """Blocks of swap copies in steps not complete yet."""
-        return sum(self._swap_blocks.values())
+    def num_swap_blocks(self) -> dict[str, int]:
+        """Blocks of swap copies in steps not complete yet, per model."""
+        total: dict[str, int] = {}
+        for counts in self._swap_blocks.values():
+            for model, n in counts.items():
+                total[model] = total.get(model, 0) + n
+        return total
 
     def land(self, table: BlockTable, end: int, step: int) -> None:
         """D2H copies of ``step`` make the table's host copies valid up to ``end``."""

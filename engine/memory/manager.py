@@ -10,12 +10,14 @@ and ``end_step``; ``complete`` applies what the transfer engine reports done.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import math
+from collections.abc import Callable, Iterable, Iterator
 from itertools import repeat
 from typing import cast
 
 from shunter.engine.config import EngineConfig
-from shunter.engine.memory.arena import Arena
+from shunter.engine.memory.arena import FREE, Arena, PageOwner
+from shunter.engine.memory.bounds import KvBounds
 from shunter.engine.memory.host import HostSwap
 from shunter.engine.memory.inflight import InFlight
 from shunter.engine.memory.integrity import check_table
@@ -31,10 +33,10 @@ RUNNING = RequestState.RUNNING
 class KVMemory:
     """Device and host KV of every model of one engine.
 
-    The arena holds every model's weights; the pages left are shared out equally, each
-    model's share a KV slab of that model. A pool also grows into pages freed later.
-    (Moving KV capacity between models as their load changes is the tenancy layer's
-    job: ``compact`` gives pages back, and a pool claims free pages when it runs out.)
+    The arena holds every model's weights; each model's pool claims chunks of the pages
+    left as it needs them, within the tenants' KV floors and ceilings (``KvBounds``),
+    and ``compact`` gives them back. Remapping turns weight frames (the pages of one
+    decoder layer) into free pages and back: ``release_frame``, ``vacate_frame``.
 
     Verbs (each ``can_x`` answers whether ``x`` succeeds now):
       - ``allocate``: a WAITING request gets device blocks for all its tokens.
@@ -55,18 +57,27 @@ class KVMemory:
         self.arena = Arena(config.num_pages, config.page_bytes)
         self.weights = place_weights(self.arena, config.models)
         self.host = HostSwap(config.host_swap_bytes)
+        self.bounds = KvBounds(config.tenants)
+        self._kv_bytes = self.arena.num_free_pages * self.arena.page_bytes
+        if config.remap.enabled:
+            self._kv_bytes += sum(
+                math.floor(config.remap.cap_fraction * m.num_layers) * self.frame_bytes(m.name)
+                for m in config.models
+            )
         self._pools: dict[str, BlockPool] = {}
         for spec in config.models:
             block_bytes = spec.block_bytes(config.block_tokens)
-            self._pools[spec.name] = BlockPool(self.arena, spec.name, block_bytes)
+            pool = BlockPool(self.arena, spec.name, block_bytes)
+            if not self.bounds.unbounded:
+                pool.claim_limit = self._claim_limit(pool)
+            self._pools[spec.name] = pool
             self.host.register(spec.name, block_bytes)
-        share = self.arena.num_free_pages // len(config.models)
-        for pool in self._pools.values():
-            pool.claim(share // pool.pages_per_chunk)
+        self._vacating: dict[tuple[str, int], list[tuple[BlockPool, int]]] = {}
         self._tables: dict[str, BlockTable] = {}
         self._unrotated: dict[str, BlockTable] = {}  # SYNCED blocks without a host copy
         self._inflight = InFlight()
         self._plan: StepPlan | None = None
+        self._moved_into: dict[str, set[int]] = {}  # model -> blocks moved into this step
 
     # -- counts for the scheduler --------------------------------------------------------
     def num_blocks(self, num_tokens: int) -> int:
@@ -75,8 +86,38 @@ class KVMemory:
     def num_free_blocks(self, model: str) -> int:
         return self._pools[model].num_free
 
+    def num_held_free_blocks(self, model: str) -> int:
+        """Free blocks in chunks the model's pool holds (not counting claimable ones)."""
+        return self._pools[model].num_held_free
+
     def num_total_blocks(self, model: str) -> int:
-        return self._pools[model].num_total
+        """The most blocks the model could ever hold: the KV pages (every page not
+        holding weights at start, plus the weights remapping may lend) less the other
+        models' floors, within its ceiling."""
+        pool = self._pools[model]
+        others = sum(f for m, f in self.bounds.floors.items() if m != model)
+        room = self._kv_bytes - others
+        ceiling = self.bounds.ceilings.get(model)
+        if ceiling is not None:
+            room = min(room, ceiling)
+        return max(0, room) // pool.chunk_bytes * pool.blocks_per_chunk
+
+    def held_bytes(self) -> dict[str, int]:
+        """Device KV bytes each model's pool holds (used or not)."""
+        return {m: pool.num_held * pool.block_bytes for m, pool in self._pools.items()}
+
+    def above_floor(self, model: str) -> bool:
+        """Whether the model holds KV beyond its floor: memory other models could use."""
+        pool = self._pools[model]
+        return pool.num_held * pool.block_bytes > self.bounds.floors.get(model, 0)
+
+    @property
+    def free_page_bytes(self) -> int:
+        """Bytes of the arena's free pages."""
+        return self.arena.num_free_pages * self.arena.page_bytes
+
+    def block_bytes(self, model: str) -> int:
+        return self._pools[model].block_bytes
 
     def num_incoming_blocks(self, model: str) -> int:
         """Device blocks already released that become free when their copies complete."""
@@ -114,6 +155,7 @@ class KVMemory:
     # -- steps ---------------------------------------------------------------------------
     def begin_step(self, plan: StepPlan) -> None:
         self._plan = plan
+        self._moved_into = {}
 
     def end_step(self) -> None:
         self._plan = None
@@ -181,7 +223,7 @@ class KVMemory:
             copies = _copies(devices[copied:keep], hosts[copied:keep])
             plan.swap_out.setdefault(model, []).extend(copies)
             self._inflight.land(table, keep, plan.step)
-            self._inflight.count_swaps(plan.step, keep - copied)
+            self._inflight.count_swaps(plan.step, model, keep - copied)
             self._release_devices(model, devices[copied:keep], plan.step)
             table.d2h_step = plan.step
         table.num_host_copied = keep
@@ -201,7 +243,13 @@ class KVMemory:
     def num_swap_blocks_in_flight(self) -> int:
         """Blocks of swap-in and preemption copies not complete yet, this step's
         included (eager rotation's copies run on their own budget)."""
-        return self._inflight.num_swap_blocks
+        return sum(self._inflight.num_swap_blocks().values())
+
+    @property
+    def swap_bytes_in_flight(self) -> int:
+        """``num_swap_blocks_in_flight`` in bytes."""
+        counts = self._inflight.num_swap_blocks()
+        return sum(n * self._pools[m].block_bytes for m, n in counts.items())
 
     def can_swap_in(self, request: Request) -> bool:
         pool = self._pools[request.model]
@@ -216,7 +264,7 @@ class KVMemory:
         devices = self._pools[model].allocate(self.blk(request))
         copies = _copies(devices[: len(table.hosts)], table.hosts)
         plan.swap_in.setdefault(model, []).extend(copies)
-        self._inflight.count_swaps(plan.step, len(table.hosts))
+        self._inflight.count_swaps(plan.step, model, len(table.hosts))
         table.devices = devices
         table.h2d_step = plan.step
 
@@ -287,42 +335,129 @@ class KVMemory:
     def compact(self, model: str) -> int:
         """Vacate the model's highest chunks; return the pages given back to the arena.
 
-        Call it after the step's other verbs. Empty top chunks go back at once. A top
-        chunk whose live blocks fit in free blocks elsewhere has them moved
-        (``plan.moves``); its sources are freed when the step completes, so a later
-        call releases it. Stops at the first chunk that cannot move (a block awaiting a
-        copy, a table with copies in flight, or too few free blocks).
+        Call it after the step's other verbs. Empty top chunks go back at once. The
+        highest chunk with live blocks drains (nothing is allocated from it again) and,
+        when they fit in free blocks elsewhere and none awaits a copy, has them moved
+        (``plan.moves``); their sources are freed when the step completes, so a later
+        call releases it.
         """
-        pool, plan = self._pools[model], self._current()
-        owners = {
-            d: (t, i)
-            for t in self._tables.values()
-            if t.model == model
-            for i, d in enumerate(t.devices)
-        }
+        pool = self._pools[model]
         released = 0
         for chunk in reversed(pool.held_chunks):
-            live = pool.num_used_in(chunk)
-            if live == 0:
+            if pool.num_used_in(chunk) == 0:
                 pool.release(chunk)
                 released += pool.pages_per_chunk
                 continue
-            blocks = [owners[b] for b in pool.chunk_blocks(chunk) if b in owners]
-            busy = any(
-                self._fence(t.d2h_step, t.h2d_step, t.move_step) is not None for t, _ in blocks
-            )
-            free_elsewhere = pool.num_held_free - (pool.blocks_per_chunk - live)
-            if busy or len(blocks) != live or free_elsewhere < live:
-                break
-            moves = plan.moves.setdefault(model, [])
-            self._inflight.touch(plan.step)
-            for (table, i), dst in zip(blocks, pool.allocate_outside(chunk, live), strict=True):
-                moves.append(BlockMove(table.devices[i], dst))
-                self._inflight.defer_device(plan.step, model, [table.devices[i]])
-                table.devices[i] = dst
-                table.move_step = plan.step
+            draining = pool.is_draining(chunk)
+            pool.drain(chunk)
+            if not self._move_out(pool, chunk) and not draining:
+                pool.undrain(chunk)
             break
         return released
+
+    def release_empty(self, model: str) -> int:
+        """Give every held chunk of the model without a used block back to the arena;
+        return the pages given back."""
+        pool = self._pools[model]
+        chunks = pool.empty_chunks()
+        for chunk in chunks:
+            pool.release(chunk)
+        return len(chunks) * pool.pages_per_chunk
+
+    # -- weight frames (remapping) -------------------------------------------------------
+    def frame_pages(self, model: str, frame: int) -> range:
+        """The pages of decoder layer ``frame``'s weights as placed at start."""
+        return self.weights[model].layers[frame]
+
+    def frame_bytes(self, model: str) -> int:
+        """Bytes of one weight frame (every decoder layer of a model has the same)."""
+        return len(self.weights[model].layers[0]) * self.arena.page_bytes
+
+    def release_frame(self, model: str, frame: int) -> None:
+        """Hand a weight frame's pages to the KV cache (they become free pages)."""
+        self.arena.convert(self.frame_pages(model, frame), PageOwner.weights(model, frame), FREE)
+
+    def frame_cost(self, model: str, frame: int) -> int:
+        """Live KV blocks in chunks over a released frame: what taking it back moves."""
+        pages = self.frame_pages(model, frame)
+        return sum(
+            pool.num_used_in(c) for pool in self._pools.values() for c in pool.chunks_over(pages)
+        )
+
+    def vacate_frame(self, model: str, frame: int) -> bool:
+        """Take a released frame back for weights, as far as possible this step.
+
+        Free pages of the frame become weights at once (so no pool claims them);
+        chunks over it drain, release when empty and have their live blocks moved out
+        (``plan.moves``, freed when the step completes) when they fit elsewhere and
+        none awaits a copy. Returns True once every page holds weights again: then the
+        frame may be loaded. ``cancel_vacate`` gives a partly taken frame back.
+        """
+        pages, owner = self.frame_pages(model, frame), PageOwner.weights(model, frame)
+
+        def grab() -> None:
+            self.arena.convert([p for p in pages if self.arena.owner(p) is FREE], FREE, owner)
+
+        grab()  # before any move, so no pool claims the frame's free pages
+        chunks = self._vacating.setdefault((model, frame), [])
+        for pool in self._pools.values():
+            for c in pool.chunks_over(pages):
+                if (pool, c) not in chunks:
+                    pool.drain(c)
+                    chunks.append((pool, c))
+        for pool, c in list(chunks):
+            if pool.num_used_in(c) == 0:
+                pool.release(c)
+                chunks.remove((pool, c))
+            else:
+                self._move_out(pool, c)
+        grab()
+        if chunks:
+            return False
+        del self._vacating[(model, frame)]
+        return True
+
+    def cancel_vacate(self, model: str, frame: int) -> None:
+        """Give back what ``vacate_frame`` took of a frame that stays released (its
+        pages holding weights become free again)."""
+        pages, owner = self.frame_pages(model, frame), PageOwner.weights(model, frame)
+        for pool, c in self._vacating.pop((model, frame), []):
+            pool.undrain(c)
+        self.arena.convert([p for p in pages if self.arena.owner(p) == owner], owner, FREE)
+
+    def _move_out(self, pool: BlockPool, chunk: int) -> bool:
+        """Plan moves of a draining chunk's live blocks into free blocks elsewhere;
+        False when a block awaits a copy or they do not fit."""
+        model, plan = pool.model, self._current()
+        blocks = set(pool.chunk_blocks(chunk))
+        owners = [
+            (t, i) for t in self._tables.values() if t.model == model
+            for i, d in enumerate(t.devices) if d in blocks
+        ]  # fmt: skip
+        # Moves planned this step may add to each other, but a block moved here this step
+        # does not move again (one batch of moves reads every source before writing);
+        # no other copy may be in flight.
+        moved_here = self._moved_into.get(model, set())
+        busy = any(
+            self._fence(t.d2h_step, t.h2d_step) is not None
+            or (t.move_step != plan.step and self._inflight.is_pending(t.move_step))
+            or t.devices[i] in moved_here
+            for t, i in owners
+        )
+        if busy or len(owners) != pool.num_used_in(chunk) or not pool.can_allocate(len(owners)):
+            return False
+        if not owners:
+            return True
+        moves = plan.moves.setdefault(model, [])
+        self._inflight.touch(plan.step)
+        dsts = pool.allocate(len(owners))
+        self._moved_into.setdefault(model, set()).update(dsts)
+        for (table, i), dst in zip(owners, dsts, strict=True):
+            moves.append(BlockMove(table.devices[i], dst))
+            self._inflight.defer_device(plan.step, model, [table.devices[i]])
+            table.devices[i] = dst
+            table.move_step = plan.step
+        return True
 
     def check_integrity(self, requests: Iterable[Request]) -> None:
         """Raise AssertionError unless every pool, the host space and every table agree.
@@ -348,6 +483,13 @@ class KVMemory:
             self.host.check_integrity(model, set(hosts))
 
     # -- internals -------------------------------------------------------------------------
+    def _claim_limit(self, pool: BlockPool) -> Callable[[], int]:
+        def limit() -> int:
+            room = self.bounds.room(pool.model, self.held_bytes(), self.free_page_bytes)
+            return room // pool.chunk_bytes
+
+        return limit
+
     def _num_append_blocks(self, request: Request, num_new_tokens: int) -> int:
         """Blocks beyond those held that ``num_new_tokens`` more computed tokens need."""
         num_tokens = request.num_computed_tokens + num_new_tokens

@@ -9,8 +9,8 @@ whole number of both. A chunk's pages are a KV slab of this model while the pool
 
 from __future__ import annotations
 
-import heapq
 import math
+from collections.abc import Callable
 
 from shunter.engine.memory.arena import FREE, Arena, PageOwner
 
@@ -19,9 +19,14 @@ class BlockPool:
     """Free and used device blocks of one model, claiming free arena chunks on demand.
 
     ``num_free`` counts blocks allocatable now: free blocks of held chunks plus those of
-    fully free chunks the pool may claim. The free list is a stack, so allocation and
-    freeing are list slices; blocks of a newly claimed chunk go after those already
-    free, lowest ids first.
+    fully free chunks the pool may claim (at most ``claim_limit()`` chunks when a limit
+    is set: KV floors and ceilings). The free list is a stack, so allocation and freeing
+    are list slices; blocks of a newly claimed chunk go after those already free, lowest
+    ids first.
+
+    A *draining* chunk is on its way back to the arena: its free blocks are never
+    allocated, blocks freed in it stay out of the free list, and it can be released once
+    none of its blocks is used.
     """
 
     def __init__(self, arena: Arena, model: str, block_bytes: int) -> None:
@@ -35,17 +40,25 @@ class BlockPool:
         self.model = model
         self.owner = PageOwner.kv(model)
         self.block_bytes = block_bytes
+        self.chunk_bytes = chunk_bytes
         self.pages_per_chunk = chunk_bytes // arena.page_bytes
         self.blocks_per_chunk = chunk_bytes // block_bytes
-        self._free: list[int] = []  # stack of free block ids in held chunks
+        self.claim_limit: Callable[[], int] | None = None
+        arena.track_chunks(self.pages_per_chunk)
+        self._free: list[int] = []  # stack of free block ids in held, undrained chunks
         self._chunks: set[int] = set()  # held chunks
-        self._claimable: list[int] = []  # min-heap of fully free chunks
-        self._seen_version = -1
+        self._draining: dict[int, list[int]] = {}  # draining chunk -> its free blocks
 
     # -- counts ---------------------------------------------------------------------
     @property
+    def num_claimable(self) -> int:
+        """Chunks the pool may claim now."""
+        free = self.arena.num_free_chunks(self.pages_per_chunk)
+        return free if self.claim_limit is None else min(free, self.claim_limit())
+
+    @property
     def num_free(self) -> int:
-        return len(self._free) + len(self._fresh_claimable()) * self.blocks_per_chunk
+        return len(self._free) + self.num_claimable * self.blocks_per_chunk
 
     @property
     def num_held(self) -> int:
@@ -53,17 +66,21 @@ class BlockPool:
 
     @property
     def num_held_free(self) -> int:
+        """Free blocks of held chunks that may be allocated (draining ones excluded)."""
         return len(self._free)
 
     @property
     def num_used(self) -> int:
         """Blocks not free: owned by requests or awaiting a copy."""
-        return self.num_held - len(self._free)
+        drained = sum(map(len, self._draining.values()))
+        return self.num_held - len(self._free) - drained
 
     @property
     def num_total(self) -> int:
-        """Blocks this model could hold now: held chunks plus claimable ones."""
-        return self.num_held + len(self._fresh_claimable()) * self.blocks_per_chunk
+        """Blocks this model could hold now: held chunks not draining plus claimable
+        ones."""
+        held = len(self._chunks) - len(self._draining)
+        return (held + self.num_claimable) * self.blocks_per_chunk
 
     def chunk_blocks(self, chunk: int) -> range:
         return range(chunk * self.blocks_per_chunk, (chunk + 1) * self.blocks_per_chunk)
@@ -71,12 +88,35 @@ class BlockPool:
     def chunk_pages(self, chunk: int) -> range:
         return range(chunk * self.pages_per_chunk, (chunk + 1) * self.pages_per_chunk)
 
+    def chunks_over(self, pages: range) -> list[int]:
+        """Held chunks with a page in ``pages``, lowest first."""
+        first, last = pages.start // self.pages_per_chunk, (pages.stop - 1) // self.pages_per_chunk
+        return [c for c in range(first, last + 1) if c in self._chunks]
+
     @property
     def held_chunks(self) -> list[int]:
         return sorted(self._chunks)
 
+    def empty_chunks(self) -> list[int]:
+        """Held chunks none of whose blocks is used, in one pass over the free blocks."""
+        if not self._chunks:
+            return []
+        bpc = self.blocks_per_chunk
+        counts: dict[int, int] = {}
+        for b in self._free:
+            counts[b // bpc] = counts.get(b // bpc, 0) + 1
+        for c, drained in self._draining.items():
+            counts[c] = len(drained)
+        return sorted(c for c, n in counts.items() if n == bpc)
+
+    def is_draining(self, chunk: int) -> bool:
+        return chunk in self._draining
+
     def num_used_in(self, chunk: int) -> int:
         bpc = self.blocks_per_chunk
+        drained = self._draining.get(chunk)
+        if drained is not None:
+            return bpc - len(drained)
         return bpc - sum(1 for b in self._free if b // bpc == chunk)
 
     # -- paired verbs -----------------------------------------------------------------
@@ -95,30 +135,24 @@ class BlockPool:
         blocks.reverse()
         return blocks
 
-    def allocate_outside(self, chunk: int, n: int) -> list[int]:
-        """``n`` free blocks of held chunks other than ``chunk`` (to vacate it)."""
-        bpc = self.blocks_per_chunk
-        outside = [b for b in self._free if b // bpc != chunk]
-        if len(outside) < n:
-            raise MemoryError(f"model {self.model!r}: {n} blocks outside chunk {chunk}")
-        taken = set(outside[-n:])
-        self._free = [b for b in self._free if b not in taken]
-        return outside[-n:]
-
     def free(self, blocks: list[int]) -> None:
-        self._free.extend(blocks)
+        if not self._draining:
+            self._free.extend(blocks)
+            return
+        bpc = self.blocks_per_chunk
+        for b in blocks:
+            drained = self._draining.get(b // bpc)
+            (self._free if drained is None else drained).append(b)
 
     # -- chunks and the arena ---------------------------------------------------------
     def claim(self, num_chunks: int) -> None:
         """Make the lowest ``num_chunks`` fully free chunks of the arena KV slabs of this
         model."""
-        claimable = self._fresh_claimable()
-        if len(claimable) < num_chunks:
+        if num_chunks > self.num_claimable:
             raise MemoryError(f"model {self.model!r}: too few free blocks")
-        chunks = [heapq.heappop(claimable) for _ in range(num_chunks)]
+        chunks = self.arena.lowest_free_chunks(self.pages_per_chunk, num_chunks)
         pages = [p for c in chunks for p in self.chunk_pages(c)]
         self.arena.convert(pages, FREE, self.owner)
-        self._seen_version = self.arena.version
         self._chunks.update(chunks)
         # Under the blocks already free, lowest id on top: those go first.
         self._free[:0] = [b for c in reversed(chunks) for b in reversed(self.chunk_blocks(c))]
@@ -128,34 +162,41 @@ class BlockPool:
         if self.num_used_in(chunk):
             raise ValueError(f"chunk {chunk} of {self.model!r} still has used blocks")
         self._chunks.remove(chunk)
-        bpc = self.blocks_per_chunk
-        self._free = [b for b in self._free if b // bpc != chunk]
+        if self._draining.pop(chunk, None) is None:
+            bpc = self.blocks_per_chunk
+            self._free = [b for b in self._free if b // bpc != chunk]
         self.arena.convert(self.chunk_pages(chunk), self.owner, FREE)
-        self._seen_version = -1
 
-    def _fresh_claimable(self) -> list[int]:
-        # Rescan only when someone else changed page ownership: our own claims pop from
-        # the cached heap and keep it exact.
-        if self._seen_version != self.arena.version:
-            num_chunks = self.arena.num_pages // self.pages_per_chunk
-            self._claimable = [
-                c
-                for c in range(num_chunks)
-                if self.arena.is_free_run(c * self.pages_per_chunk, self.pages_per_chunk)
-            ]
-            self._seen_version = self.arena.version
-        return self._claimable
+    def drain(self, chunk: int) -> None:
+        """Stop allocating from a held chunk, so that it empties."""
+        if chunk in self._draining:
+            return
+        if chunk not in self._chunks:
+            raise ValueError(f"chunk {chunk} is not held by {self.model!r}")
+        bpc = self.blocks_per_chunk
+        self._draining[chunk] = [b for b in self._free if b // bpc == chunk]
+        self._free = [b for b in self._free if b // bpc != chunk]
+
+    def undrain(self, chunk: int) -> None:
+        """Allocate from a draining chunk again."""
+        drained = self._draining.pop(chunk, None)
+        if drained is not None:
+            self._free[:0] = drained
 
     def check_integrity(self, used: set[int]) -> None:
         """``used`` are the block ids that the caller holds (owned or awaiting a copy)."""
-        free = set(self._free)
-        if len(free) != len(self._free):
+        drained = [b for blocks in self._draining.values() for b in blocks]
+        free = set(self._free) | set(drained)
+        if len(free) != len(self._free) + len(drained):
             raise AssertionError(f"{self.model}: a block is free twice")
         if free & used:
             raise AssertionError(f"{self.model}: blocks both free and used: {free & used}")
         held = {b for c in self._chunks for b in self.chunk_blocks(c)}
         if free | used != held:
             raise AssertionError(f"{self.model}: free + used != held blocks")
+        bpc = self.blocks_per_chunk
+        if any(b // bpc in self._draining for b in self._free):
+            raise AssertionError(f"{self.model}: a draining chunk's block is allocatable")
         for c in self._chunks:
             for p in self.chunk_pages(c):
                 if self.arena.owner(p) != self.owner:

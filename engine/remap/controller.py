@@ -14,8 +14,8 @@ Every step it weighs the KV the executing models need against the KV free for th
 - **How many**: up to the cap, the configured share of layers and the most whose
   copies T_T the model's compute hides (``layers.max_alpha``): a decode step for an
   active model, a prefill for an inactive one. Never the whole model. A model above
-  its cap (it became active, or its batch shrank) gives the excess back as soon as
-  memory allows.
+  its cap (it became active, or its batch shrank) gives the excess back as far as
+  memory allows, paid from the same sources as a deficit.
 
 Which layers, and the frames they move between, are ``layers.select`` and
 ``frames.transition``: the controller only decides counts.
@@ -27,9 +27,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from shunter.engine.config import RemapConfig
 from shunter.engine.remap.layers import max_alpha
-
-SOURCES = ("free", "inactive", "rotation", "active")
 
 
 @dataclass(frozen=True)
@@ -81,22 +80,17 @@ class RemapDecision:
 class RemapController:
     """Decides remapped layer counts from ModelStates and the step's Pressure.
 
-    ``cap_fraction`` bounds each model's remapped share of layers; ``headroom`` (bytes)
-    is the hysteresis of dynamic reversion; ``order`` lists the capacity sources,
-    ``"free"`` first (omit one to never use it).
+    From ``config``: ``cap_fraction`` bounds each model's remapped share of layers and
+    ``capacity_order`` lists the sources of memory. ``headroom`` (bytes) is the
+    hysteresis of dynamic reversion.
     """
 
-    def __init__(
-        self, *, cap_fraction: float, headroom: int, order: Sequence[str] = SOURCES
-    ) -> None:
-        if not 0 <= cap_fraction < 1:
-            raise ValueError("cap_fraction must be in [0, 1)")
+    def __init__(self, config: RemapConfig, *, headroom: int) -> None:
         if headroom < 0:
             raise ValueError("headroom must be >= 0")
-        check_order(order)
-        self.cap_fraction = cap_fraction
+        self.cap_fraction = config.cap_fraction
         self.headroom = headroom
-        self.order = tuple(order)
+        self.order = config.capacity_order
 
     def cap(self, m: ModelState) -> int:
         """The most layers ``m`` may have remapped in its current role."""
@@ -120,12 +114,17 @@ class RemapController:
             balance -= (m.alpha - caps[m.name]) * m.frame_bytes
         if balance < 0:
             balance = self._reclaim(models, caps, set(targets), pressure, balance, targets)
-            # Trims memory cannot pay for wait, the model least likely to run next first.
+            # Trims memory cannot pay for wait, the model least likely to run next first:
+            # it keeps the layers the deficit needs, and gives back the rest.
             for m in reversed(trims):
                 if balance >= 0:
                     break
-                del targets[m.name]
-                balance += (m.alpha - caps[m.name]) * m.frame_bytes
+                need = -balance
+                keep = min(m.alpha - caps[m.name], -(-need // m.frame_bytes))
+                targets[m.name] += keep
+                balance += keep * m.frame_bytes
+                if targets[m.name] == m.alpha:
+                    del targets[m.name]
             return RemapDecision(_restores_first(targets, models))
 
         reclaimed = sum(targets.get(m.name, m.alpha) * m.frame_bytes for m in models)
@@ -164,15 +163,6 @@ class RemapController:
                 if balance >= 0:
                     break
         return balance
-
-
-def check_order(order: Sequence[str]) -> None:
-    """Raise ValueError unless ``order`` names distinct sources, ``"free"`` first."""
-    if not order or order[0] != "free":
-        raise ValueError(f"capacity order must start with 'free': {list(order)}")
-    unknown = [s for s in order if s not in SOURCES]
-    if unknown or len(set(order)) != len(order):
-        raise ValueError(f"capacity order takes distinct names of {SOURCES}: {list(order)}")
 
 
 def _restores_first(targets: dict[str, int], models: Sequence[ModelState]) -> dict[str, int]:

@@ -13,16 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
+from shunter.engine.plan import LayerLoad
 from shunter.engine.remap.layers import Layout, resident_layout
-
-
-class LayerLoad(NamedTuple):
-    """Copy layer ``layer``'s weights host-to-device into frame ``frame``."""
-
-    layer: int
-    frame: int
 
 
 @dataclass(frozen=True)

@@ -116,11 +116,15 @@ def select(
     rotation among the ``n`` possible ones that shares the most layers with ``keep``
     (the layers streamed now, which need no reload), lowest offset among equals.
 
-    Raises ValueError when ``alpha`` is not feasible (see ``num_slots``).
+    An ``alpha`` the timings cannot hide (a model kept above its cap while memory is
+    short) gets two slots, which stall least; ValueError if not even one layer would
+    stay resident.
     """
     slots = num_slots(n, alpha, t_transfer, t_layer)
     if slots is None:
-        raise ValueError(f"alpha={alpha} of {n} layers cannot hide T_T={t_transfer:g}")
+        slots = 2 if alpha + 2 < n else 1
+        if alpha + slots >= n:
+            raise ValueError(f"alpha={alpha} of {n} layers leaves no layer resident")
     if alpha == 0:
         return resident_layout(n)
     m = alpha + slots

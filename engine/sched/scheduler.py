@@ -1,18 +1,27 @@
 """The Scheduler: live requests in, one StepPlan per step out, results applied back.
 
-It composes the policy (who), KVMemory (where) and the per-model queues, and owns the
+It composes tenancy (which models execute), the remapper (weights lent to the KV
+cache), the policy (who runs), KVMemory (where) and the per-model queues, and owns the
 parts every policy shares: decode first with passive preemption, chunked prefill
-under a token budget, the cross-iteration pipeline, and eager rotation.
+under a token budget, the cross-iteration pipeline, eager rotation, and moving KV
+capacity between models.
 """
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Callable, Sequence
+from operator import attrgetter
+
 from shunter.engine.config import EngineConfig
 from shunter.engine.memory.manager import KVMemory
 from shunter.engine.plan import BatchEntry, StepPlan, StepResult
-from shunter.engine.request import Request, RequestState
-from shunter.engine.sched.policy import Decision, Policy, PolicyInput
+from shunter.engine.remap.controller import Pressure
+from shunter.engine.remap.remapper import Remapper
+from shunter.engine.request import Request, RequestState, vlts
+from shunter.engine.sched.policy import Policy, PolicyInput
 from shunter.engine.sched.queues import RequestQueues
+from shunter.engine.sched.tenancy import Tenancy
 
 RUNNING, ROTARY, WAITING = RequestState.RUNNING, RequestState.ROTARY, RequestState.WAITING
 
@@ -25,16 +34,28 @@ class Scheduler:
     """Plans steps for every model of one engine.
 
     Step order (``schedule``):
-      1. Decode first: each running request in decode gets a block for its next token;
-         when none is free it waits for blocks already being released, or else the
-         latest arrival is preempted (passive preemption).
-      2. For each model, the policy's decision: preemptions are applied now.
-      3. Batch: decodes, then prefill chunks of running requests, within
+      1. Tenancy: the models that execute this step (spatial ones with work and the
+         temporal turn holder). Idle models give their empty KV chunks back.
+      2. Remapping (with a remapper): the controller weighs the executing models' KV
+         demand against the free KV and lends or restores weight frames.
+      3. Decode first: each running request of an executing model in decode gets a
+         block for its next token; when none is free it waits for blocks already being
+         released, or else the latest arrival of its model is preempted (passive
+         preemption).
+      4. The policy's decision, preemptions applied now. LVF decides once over every
+         executing model's requests (one VLT order, each request with its own SLO
+         class, costs in bytes; running requests of models that do not execute are
+         preemption candidates too when their model holds KV beyond its floor, memory
+         the others can use); the other policies decide per model, like separate
+         serving instances, and their admissions merge by arrival.
+      5. Batch: decodes, then prefill chunks of running requests, within
          ``max_batch_tokens``.
-      4. Admissions in the decision's order, stopping at the first that does not fit:
-         waiting requests get blocks and a first prefill chunk; rotary requests are
-         swapped in (their H2D overlaps this step's forward pass).
-      5. Eager rotation of SYNCED blocks.
+      6. Admissions in the decision's order: waiting requests get blocks and a first
+         prefill chunk; rotary requests are swapped in (their H2D overlaps this step's
+         forward pass). A request that does not fit stops its own model's admissions
+         for this step, not the others'.
+      7. Eager rotation of SYNCED blocks. A model that ran short of blocks gets
+         capacity from the others: they compact, giving empty chunks back.
     ``update`` applies the executor's result: KV progress, tokens, finished requests.
 
     A swapped-in request joins the batch at the first step that finds its own H2D
@@ -45,12 +66,22 @@ class Scheduler:
     more than the link moves.
     """
 
-    def __init__(self, config: EngineConfig, memory: KVMemory, policy: Policy) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        memory: KVMemory,
+        policy: Policy,
+        remapper: Remapper | None = None,
+    ) -> None:
         self.config = config.scheduler
         self.memory = memory
         self.policy = policy
+        self.remapper = remapper
+        tenants = list(config.tenant_by_model.values())
+        self.tenancy = Tenancy(tenants, min_quantum_s=config.scheduler.turn_quantum_s)
         self.queues = {spec.name: RequestQueues() for spec in config.models}
         self.requests: dict[str, Request] = {}
+        self._block_bytes = {spec.name: memory.block_bytes(spec.name) for spec in config.models}
         self._released: list[str] = []
         self._joining: list[Request] = []
 
@@ -101,13 +132,27 @@ class Scheduler:
         self.memory.begin_step(plan)
         for q in self.queues.values():
             q.land(self.memory.has_landed)
+        lag = self._lag(now)
+        executing = self.tenancy.executing(now, self._has_work, lag)
+        for model in self.queues:
+            if model not in executing:
+                self.memory.release_empty(model)
+        if self.remapper is not None:
+            self.remapper.plan(
+                plan,
+                self._pressure(executing, sitting_out),
+                active={m for m in self.queues if self.tenancy.is_active(m)},
+                t_last_active=self.tenancy.t_last_active,
+                run_next=self.tenancy.run_next(self._has_work, lag),
+            )
+        short: set[str] = set()
         decodes: list[Request] = []
         prefills: list[Request] = []
-        for model, q in self.queues.items():
-            reserved, prefilling = self._reserve_decodes(model, q, plan, sitting_out)
+        for model in executing:
+            reserved, prefilling = self._reserve_decodes(model, plan, sitting_out, short)
             decodes += reserved
             prefills += prefilling
-        decisions = {model: self._decide(model, q, plan, now) for model, q in self.queues.items()}
+        admit = self._decide(executing, plan, now)
 
         # The policy may have preempted some of them since.
         tokens = self.config.max_batch_tokens
@@ -126,17 +171,31 @@ class Scheduler:
                 tokens -= self._add_chunk(plan, r, tokens)
 
         num_running = self.num_running
-        for model, decision in decisions.items():
-            q = self.queues[model]
-            for r in decision.admit:
-                if num_running >= self.config.max_running:
-                    break
-                used = self._admit(r, q, plan, now, tokens)
-                if used is None:
-                    break
-                num_running += 1
-                tokens -= used
+        stopped: set[str] = set()
+        for r in admit:
+            if num_running >= self.config.max_running:
+                break
+            if r.model in stopped:
+                continue
+            used = self._admit(r, plan, now, tokens)
+            if used is None:
+                stopped.add(r.model)
+                if tokens > 0 or r.state is ROTARY:
+                    short.add(r.model)
+                continue
+            num_running += 1
+            tokens -= used
+        holder = self.tenancy.holder
+        if holder in executing and not self._progressed(holder, plan, sitting_out):
+            self.tenancy.pass_turn(now, self._has_work, lag)
+        if self.remapper is not None:
+            self.remapper.stream(plan)
         self.memory.rotate()
+        # Capacity moves to the models that ran short, and to frames being restored.
+        if short or (self.remapper is not None and self.remapper.is_vacating):
+            for model in self.queues:
+                if model not in short:
+                    self.memory.compact(model)
         self.memory.end_step()
         return plan
 
@@ -159,7 +218,7 @@ class Scheduler:
 
     # -- parts ---------------------------------------------------------------------------
     def _reserve_decodes(
-        self, model: str, q: RequestQueues, plan: StepPlan, sitting_out: set[str]
+        self, model: str, plan: StepPlan, sitting_out: set[str], short: set[str]
     ) -> tuple[list[Request], list[Request]]:
         """Blocks for the next token of each decoding request, oldest first.
 
@@ -168,8 +227,9 @@ class Scheduler:
         flight (``sitting_out``). Out of blocks, a request waits for blocks already on
         their way (released by a preemption whose copies are in flight); if none are,
         the latest arrival is preempted (vLLM's passive preemption), possibly the
-        request itself.
+        request itself, and the model is ``short``.
         """
+        q = self.queues[model]
         decodes: list[Request] = []
         prefills: list[Request] = []
         memory = self.memory
@@ -185,7 +245,8 @@ class Scheduler:
                     incoming -= 1
                     break
                 victim = max(q.running.values(), key=lambda v: v.t_arr)
-                self._preempt(victim, q, plan)
+                self._preempt(victim, plan)
+                short.add(model)
                 incoming = memory.num_incoming_blocks(model)
                 if victim is r:
                     break
@@ -194,30 +255,153 @@ class Scheduler:
                 decodes.append(r)
         return decodes, prefills
 
-    def _decide(self, model: str, q: RequestQueues, plan: StepPlan, now: float) -> Decision:
-        moved = self.memory.num_swap_blocks_in_flight
-        state = PolicyInput(
-            model=model,
-            now=now,
-            running=list(q.running.values()),
-            waiting=list(q.waiting.values()),
-            rotary=list(q.rotary.values()),
-            num_free_blocks=self.memory.num_free_blocks(model),
-            num_free_slots=max(0, self.config.max_running - self.num_running),
-            xfer_budget=max(0, self.config.xfer_budget_blocks - moved),
-            blk=self.memory.blk,
-            blks=self.memory.blks,
-            can_rotate=self.memory.can_swap_out,
-        )
-        decision = self.policy.schedule(state)
-        for r in decision.preempt:
-            if r.state is RUNNING:
-                self._preempt(r, q, plan)
-        return decision
+    def _decide(self, executing: list[str], plan: StepPlan, now: float) -> list[Request]:
+        """Apply the policy's preemptions; return its admissions in order."""
+        memory, slots = self.memory, max(0, self.config.max_running - self.num_running)
+        budget = self.config.xfer_budget_blocks
+        if self.policy.name == "lvf":
+            # One decision over every executing model, in bytes: the policy only compares
+            # costs with free memory and the budget, so any one unit serves.
+            bb = self._block_bytes
+            xfer = budget * max(bb[m] for m in executing) if executing else 0
+            decisions = [
+                self.policy.schedule(
+                    PolicyInput(
+                        model="*",
+                        now=now,
+                        running=[
+                            r
+                            for m, q in self.queues.items()
+                            if m in executing or memory.above_floor(m)
+                            for r in q.running.values()
+                        ],
+                        waiting=[r for m in executing for r in self.queues[m].waiting.values()],
+                        rotary=[r for m in executing for r in self.queues[m].rotary.values()],
+                        num_free_blocks=self._free_bytes(executing),
+                        num_free_slots=slots,
+                        xfer_budget=max(0, xfer - memory.swap_bytes_in_flight),
+                        blk=lambda r: memory.blk(r) * bb[r.model],
+                        blks=self._bytes_of,
+                        can_rotate=memory.can_swap_out,
+                    )
+                )
+            ]
+        else:
+            moved = memory.num_swap_blocks_in_flight
+            decisions = [
+                self.policy.schedule(
+                    PolicyInput(
+                        model=model,
+                        now=now,
+                        running=list(self.queues[model].running.values()),
+                        waiting=list(self.queues[model].waiting.values()),
+                        rotary=list(self.queues[model].rotary.values()),
+                        num_free_blocks=memory.num_free_blocks(model),
+                        num_free_slots=slots,
+                        xfer_budget=max(0, budget - moved),
+                        blk=memory.blk,
+                        blks=memory.blks,
+                        can_rotate=memory.can_swap_out,
+                    )
+                )
+                for model in executing
+            ]
+        for decision in decisions:
+            for r in decision.preempt:
+                if r.state is RUNNING:
+                    self._preempt(r, plan)
+        if len(decisions) == 1:
+            return decisions[0].admit
+        return list(heapq.merge(*(d.admit for d in decisions), key=attrgetter("t_arr")))
 
-    def _preempt(self, r: Request, q: RequestQueues, plan: StepPlan) -> None:
+    def _progressed(self, model: str, plan: StepPlan, sitting_out: set[str]) -> bool:
+        """Whether ``model`` computes, brings a request in, or waits for copies of its
+        own this step."""
+        q = self.queues[model]
+        return (
+            bool(q.landing)
+            or any(e.model == model for e in plan.batch)
+            or any(rid in q.running for rid in plan.swapped_in)
+            or any(rid in q.running for rid in sitting_out)
+        )
+
+    # -- tenancy and remapping inputs ---------------------------------------------------------
+    def _has_work(self, model: str) -> bool:
+        return len(self.queues[model]) > 0
+
+    def _lag(self, now: float) -> Callable[[str], float]:
+        """The VLT of a model's most lagging request, its running requests lagging as
+        rotary ones while the model does not execute."""
+
+        def lag(model: str) -> float:
+            q = self.queues[model]
+            paused = not self.tenancy.is_active(model)
+            groups = (q.waiting, q.rotary, q.landing, q.running)
+            return max(v for g in groups if g for v in vlts(g.values(), now, paused=paused))
+
+        return lag
+
+    def _bytes_of(self, requests: Sequence[Request]) -> list[int]:
+        bb = self._block_bytes
+        blocks = self.memory.blks(requests)
+        return [n * bb[r.model] for r, n in zip(requests, blocks, strict=True)]
+
+    def _free_bytes(self, models: list[str]) -> int:
+        """KV bytes the executing ``models`` may allocate now: their pools' free blocks
+        and the largest claim one of them could make (claims are shared)."""
+        memory, bb = self.memory, self._block_bytes
+        held = sum(memory.num_held_free_blocks(m) * bb[m] for m in models)
+        claim = max(
+            ((memory.num_free_blocks(m) - memory.num_held_free_blocks(m)) * bb[m] for m in models),
+            default=0,
+        )
+        return held + claim
+
+    def _pressure(self, executing: list[str], sitting_out: set[str]) -> Pressure:
+        """KV bytes the executing models need this step (a block for each decode that
+        starts one, and the blocks of the waiting and rotary requests the free running
+        slots could admit, earliest arrivals first) against the free KV: what they may
+        allocate now plus the free blocks other models hold, which compaction moves
+        to them (free pages come first in every capacity order)."""
+        memory, bb, bt = self.memory, self._block_bytes, self.memory.block_tokens
+        slots = max(0, self.config.max_running - self.num_running)
+        demand = 0
+        candidates: list[Request] = []
+        for m in executing:
+            q = self.queues[m]
+            growth = sum(
+                1
+                for r in q.running.values()
+                if r.num_computed_tokens % bt == 0 and r.id not in sitting_out
+            )
+            demand += growth * bb[m]
+            candidates += q.waiting.values()
+            candidates += q.rotary.values()
+        if len(candidates) > slots:
+            candidates = heapq.nsmallest(slots, candidates, key=attrgetter("t_arr"))
+        demand += sum(self._bytes_of(candidates))
+        rotation = 0
+        if self.policy.name == "lvf" and executing:
+            # What LVF may rotate out: within B_xfer, the KV of running requests whose
+            # memory the executing models can use.
+            used = memory.blocks_used()
+            movable = sum(
+                used[m] * bb[m] for m in self.queues if m in executing or memory.above_floor(m)
+            )
+            budget = self.config.xfer_budget_blocks * max(bb[m] for m in executing)
+            rotation = min(budget, movable)
+        others = sum(
+            memory.num_held_free_blocks(m) * bb[m] for m in self.queues if m not in executing
+        )
+        # With nothing executing, the free pages all count (a model that comes next
+        # claims them).
+        free = others + (self._free_bytes(executing) if executing else memory.free_page_bytes)
+        return Pressure(demand=demand, free=free, rotation=rotation)
+
+    def _preempt(self, r: Request, plan: StepPlan) -> None:
         """RUNNING -> ROTARY with its KV swapped out; without KV worth keeping or host
         space for it, RUNNING -> WAITING to recompute."""
+        q = self.queues[r.model]
         r.num_preemptions += 1
         plan.preempted.append(r.id)
         if r.num_computed_tokens and self.memory.can_swap_out(r):
@@ -228,10 +412,9 @@ class Scheduler:
         r.num_computed_tokens = 0
         q.move(r, WAITING)
 
-    def _admit(
-        self, r: Request, q: RequestQueues, plan: StepPlan, now: float, tokens: int
-    ) -> int | None:
+    def _admit(self, r: Request, plan: StepPlan, now: float, tokens: int) -> int | None:
         """Bring ``r`` onto the device; the batch tokens it took, or None if it did not fit."""
+        q = self.queues[r.model]
         used = 0
         if r.state is ROTARY:
             if not self.memory.can_swap_in(r):

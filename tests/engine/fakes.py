@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from collections import deque
 
-from shunter.engine.config import EngineConfig, ModelSpec, RotationConfig, SchedulerConfig, SloSpec
+from shunter.engine.config import (
+    EngineConfig,
+    ModelSpec,
+    RemapConfig,
+    RotationConfig,
+    SchedulerConfig,
+    SloSpec,
+    TenantSpec,
+)
 from shunter.engine.core import EngineCore
 from shunter.engine.interfaces import Clock, Executor, Transfers
 from shunter.engine.memory.manager import KVMemory
@@ -42,6 +50,9 @@ def tiny_config(
     max_running: int = 64,
     rotation: RotationConfig | None = None,
     models: tuple[ModelSpec, ...] = (TINY,),
+    tenants: tuple[TenantSpec, ...] = (),
+    remap: RemapConfig | None = None,
+    turn_quantum_s: float = 0.5,
 ) -> EngineConfig:
     """An engine whose device arena holds the models' weights plus ``kv_blocks`` blocks of
     the first model (pages are one block each)."""
@@ -62,8 +73,11 @@ def tiny_config(
             xfer_budget_blocks=xfer_budget,
             max_batch_tokens=max_batch_tokens,
             max_running=max_running,
+            turn_quantum_s=turn_quantum_s,
         ),
         rotation=rotation or RotationConfig(),
+        tenants=tenants,
+        remap=remap or RemapConfig(),
         check_integrity=True,
     )
 
@@ -136,7 +150,8 @@ class FakeExecutor(Executor):
         bt = contents.block_tokens
         for model, moves in plan.moves.items():
             for move in moves:
-                contents.device[model, move.dst] = list(contents.device[model, move.src])
+                held = contents.device.get((model, move.src), contents.empty())
+                contents.device[model, move.dst] = list(held)
         for e in plan.batch:
             table = memory.block_ids(e.request_id)
             for pos in range(e.num_computed_tokens):

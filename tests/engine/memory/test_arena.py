@@ -121,3 +121,39 @@ def test_two_models_share_one_arena() -> None:
         b.release(1)  # still used
     a.check_integrity(set())
     b.check_integrity({1})
+
+
+def test_the_arena_counts_fully_free_chunks_of_every_tracked_size() -> None:
+    arena = Arena(num_pages=9, page_bytes=100)
+    arena.track_chunks(1)
+    arena.track_chunks(3)
+    assert (arena.num_free_chunks(1), arena.num_free_chunks(3)) == (9, 3)
+    arena.convert([4], FREE, PageOwner.kv("m"))
+    assert (arena.num_free_chunks(1), arena.num_free_chunks(3)) == (8, 2)
+    assert arena.lowest_free_chunks(3, 2) == [0, 2]
+    assert arena.lowest_free_chunks(1, 5) == [0, 1, 2, 3, 5]
+    arena.convert([4], PageOwner.kv("m"), FREE)
+    assert arena.lowest_free_chunks(3, 3) == [0, 1, 2]
+    with pytest.raises(ValueError):
+        arena.lowest_free_chunks(3, 4)
+    arena.check_integrity()
+
+
+def test_a_draining_chunk_allocates_nothing_and_is_released_once_empty() -> None:
+    arena = Arena(num_pages=4, page_bytes=1000)
+    pool = BlockPool(arena, "m", 500)  # two blocks per chunk
+    live = pool.allocate(3)  # chunks 0 and 1
+    assert pool.empty_chunks() == []
+    pool.drain(1)
+    assert pool.num_held_free == 0 and pool.num_free == 4  # chunk 1's free block is out
+    other = pool.allocate(1)
+    assert other == [4]  # from a fresh chunk, not the draining one
+    pool.free([live[2]])  # chunk 1's last live block: it stays out of the free list
+    assert pool.num_used_in(1) == 0 and pool.empty_chunks() == [1]
+    pool.check_integrity({live[0], live[1], other[0]})
+    pool.release(1)
+    assert arena.owner(1) is FREE and arena.owner(2) == PageOwner.kv("m")
+    pool.drain(0)
+    pool.undrain(0)
+    assert not pool.is_draining(0)
+    pool.check_integrity({live[0], live[1], other[0]})

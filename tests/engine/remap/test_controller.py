@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from shunter.engine.config import CAPACITY_SOURCES, RemapConfig
 from shunter.engine.remap.controller import ModelState, Pressure, RemapController
 from shunter.engine.remap.frames import WeightMap, transition
 from shunter.engine.remap.layers import select
@@ -37,8 +38,11 @@ def model(
     )
 
 
-def controller(cap: float = 0.5, headroom: int = 0, **kw: object) -> RemapController:
-    return RemapController(cap_fraction=cap, headroom=headroom, **kw)  # type: ignore[arg-type]
+def controller(
+    cap: float = 0.5, headroom: int = 0, order: tuple[str, ...] = CAPACITY_SOURCES
+) -> RemapController:
+    config = RemapConfig(enabled=True, cap_fraction=cap, capacity_order=order)
+    return RemapController(config, headroom=headroom)
 
 
 def test_no_deficit_no_remap() -> None:

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shunter.engine.remap.frames import LayerLoad, WeightMap, transition
+from shunter.engine.plan import LayerLoad
+from shunter.engine.remap.frames import WeightMap, transition
 from shunter.engine.remap.layers import max_alpha, select
 
 

@@ -82,9 +82,12 @@ def test_select_keeps_the_streamed_layers_it_can() -> None:
     assert set(before.streamed) <= set(grown.streamed)  # 8 layers, every 5th
 
 
-def test_infeasible_alpha_and_malformed_layouts_are_rejected() -> None:
-    with pytest.raises(ValueError, match="cannot hide"):
-        select(40, 30, 10.0, 1.0)
+def test_infeasible_alpha_gets_two_slots_and_malformed_layouts_are_rejected() -> None:
+    assert num_slots(40, 30, 10.0, 1.0) is None
+    assert select(40, 30, 10.0, 1.0).num_slots == 2
+    assert select(40, 38, 10.0, 1.0).num_slots == 1
+    with pytest.raises(ValueError, match="no layer resident"):
+        select(40, 39, 10.0, 1.0)
     with pytest.raises(ValueError, match="resident"):
         Layout(4, 3, (0, 1, 2, 3))
     with pytest.raises(ValueError, match="slots"):

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pytest
 
-from shunter.engine.sched.tenancy import Tenancy, TenantSpec
+from shunter.engine.config import TenantSpec
+from shunter.engine.sched.tenancy import Tenancy
 
 
 def tenancy(quantum: float = 1.0) -> Tenancy:
@@ -19,65 +22,60 @@ def tenancy(quantum: float = 1.0) -> Tenancy:
     )
 
 
+def step(t: Tenancy, now: float, lags: Mapping[str, float]) -> list[str]:
+    """``lags`` lists the models with work and their most lagging VLT."""
+    return t.executing(now, lags.__contains__, lags.__getitem__)
+
+
 def test_spatial_models_run_in_every_step_they_have_work() -> None:
     t = tenancy()
-    assert t.executing(0.0, {"s": 0.0}) == ["s"]
-    assert t.executing(0.1, {}) == []
-    assert t.executing(0.2, {"s": -1.0, "t1": 0.0}) == ["s", "t1"]
+    assert step(t, 0.0, {"s": 0.0}) == ["s"]
+    assert step(t, 0.1, {}) == []
+    assert step(t, 0.2, {"s": -1.0, "t1": 0.0}) == ["s", "t1"]
     assert t.is_active("s") and t.is_active("t1") and not t.is_active("t2")
 
 
 def test_the_turn_is_held_for_the_minimum_quantum_then_goes_to_the_largest_lag() -> None:
     t = tenancy(quantum=1.0)
-    assert t.executing(0.0, {"t1": 0.0}) == ["t1"]
+    assert step(t, 0.0, {"t1": 0.0}) == ["t1"]
     # Within the quantum the holder keeps the turn, however much others lag.
-    assert t.executing(0.5, {"t1": -0.5, "t2": 3.0, "t3": 9.0}) == ["t1"]
+    assert step(t, 0.5, {"t1": -0.5, "t2": 3.0, "t3": 9.0}) == ["t1"]
     # After it, the model whose most lagging request has the largest VLT.
-    assert t.executing(1.0, {"t1": -0.5, "t2": 3.0, "t3": 9.0}) == ["t3"]
+    assert step(t, 1.0, {"t1": -0.5, "t2": 3.0, "t3": 9.0}) == ["t3"]
     assert t.holder == "t3" and t.num_switches == 1
     assert not t.is_active("t1")
 
 
 def test_the_holder_keeps_the_turn_when_it_lags_most_or_ties() -> None:
     t = tenancy(quantum=0.0)
-    t.executing(0.0, {"t2": 1.0})
-    assert t.executing(5.0, {"t2": 4.0, "t3": 4.0}) == ["t2"]
-    assert t.executing(6.0, {"t2": 5.0, "t3": 1.0}) == ["t2"]
+    step(t, 0.0, {"t2": 1.0})
+    assert step(t, 5.0, {"t2": 4.0, "t3": 4.0}) == ["t2"]
+    assert step(t, 6.0, {"t2": 5.0, "t3": 1.0}) == ["t2"]
     assert t.num_switches == 0
 
 
 def test_the_turn_passes_at_once_when_the_holder_has_no_work() -> None:
     t = tenancy(quantum=10.0)
-    t.executing(0.0, {"t1": 0.0})
-    assert t.executing(0.1, {"t2": 0.0, "t3": 0.5}) == ["t3"]
+    step(t, 0.0, {"t1": 0.0})
+    assert step(t, 0.1, {"t2": 0.0, "t3": 0.5}) == ["t3"]
     # Nobody with work: the holder keeps the (idle) turn.
-    assert t.executing(0.2, {}) == []
+    assert step(t, 0.2, {}) == []
     assert t.holder == "t3"
 
 
 def test_run_next_ranks_active_then_lagging_then_idle_by_priority_and_round_robin() -> None:
     t = tenancy(quantum=0.0)
-    t.executing(0.0, {"t2": 0.0})
-    t.executing(1.0, {"t3": 0.0})  # t2 ran at 0.0, t3 at 1.0
-    assert t.run_next({"t3": -1.0, "s": 0.0}) == ["s", "t3", "t1", "t2"]
-    # Idle models of equal priority: the least recently active comes first.
-    assert t.run_next({"t1": 2.0}) == ["t1", "s", "t2", "t3"]  # s never ran
-
-
-def test_kv_room_keeps_others_floors_and_its_own_ceiling() -> None:
-    t = Tenancy(
-        [
-            TenantSpec("a", kv_floor=300),
-            TenantSpec("b", kv_floor=200, kv_ceiling=500),
-            TenantSpec("c"),
-        ],
-        min_quantum_s=0.0,
-    )
-    held = {"a": 100, "b": 450, "c": 0}
-    assert t.kv_room("c", held, free=1000) == 800  # a still lacks 200 of its floor
-    assert t.kv_room("a", held, free=1000) == 1000  # b holds more than its floor
-    assert t.kv_room("b", held, free=1000) == 50  # its ceiling
-    assert t.kv_room("c", held, free=100) == 0
+    step(t, 0.0, {"t2": 0.0})
+    step(t, 1.0, {"t3": 0.0})  # t2 ran at 0.0, t3 holds the turn since 1.0
+    lags = {"t2": 2.0, "t1": 5.0}
+    assert t.run_next(lags.__contains__, lags.__getitem__) == ["s", "t3", "t1", "t2"]
+    # Idle models of equal priority: the least recently active first (s never ran).
+    assert t.run_next(lambda m: False, lambda m: 0.0) == ["s", "t3", "t1", "t2"]
+    idle = tenancy(quantum=0.0)
+    step(idle, 0.0, {"t2": 0.0})
+    step(idle, 1.0, {"t3": 0.0})
+    step(idle, 2.0, {"t1": 0.0})
+    assert idle.run_next(lambda m: False, lambda m: 0.0) == ["t1", "s", "t2", "t3"]
 
 
 def test_bad_tenants_are_rejected() -> None:

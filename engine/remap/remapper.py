@@ -1,0 +1,139 @@
+"""The remapper: carries the controller's decisions out on memory and into the plan.
+
+Every step, ``plan`` builds each model's ModelState from what the scheduler knows (who
+is active, when each last ran) and the measured timings, asks the controller for
+targets, and for each target picks the layers (``layers.select``), works out the frames
+(``frames.transition``) and moves pages:
+
+- frames handed to the KV cache become free pages at once (``plan.remapped``);
+- frames taken back are vacated first: their free pages become weights at once, and
+  the live KV blocks in them move out device-to-device (``plan.moves``), possibly over
+  several steps; then the layers that become resident are loaded (``plan.restored``).
+
+``stream`` lists the slot prefetches of the models in the batch (``plan.streams``);
+``observe`` folds the executor's forward times into T_compute.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+
+from shunter.engine.config import EngineConfig
+from shunter.engine.memory.manager import KVMemory
+from shunter.engine.plan import SlotStream, StepPlan, StepResult
+from shunter.engine.remap.controller import ModelState, Pressure, RemapController
+from shunter.engine.remap.frames import WeightMap, transition
+from shunter.engine.remap.layers import select
+from shunter.engine.remap.timing import ComputeTimes, LayerTiming
+
+
+class Remapper:
+    """Parameter remapping for every model of one engine.
+
+    ``timings`` gives each model's T_T and prior forward times (``LayerTiming``).
+    ``maps`` holds each model's current WeightMap.
+    """
+
+    def __init__(
+        self, config: EngineConfig, memory: KVMemory, timings: Mapping[str, LayerTiming]
+    ) -> None:
+        missing = set(config.model_by_name) - set(timings)
+        if missing:
+            raise ValueError(f"remapping needs timings for {sorted(missing)}")
+        self.memory = memory
+        headroom = int(config.remap.headroom_fraction * memory.arena.total_bytes)
+        self.controller = RemapController(config.remap, headroom=headroom)
+        self.times = ComputeTimes(dict(timings), config.remap.ewma_weight)
+        self.num_layers = {m.name: m.num_layers for m in config.models}
+        self.priority = {m: t.priority for m, t in config.tenant_by_model.items()}
+        self.maps = {m.name: WeightMap.initial(m.num_layers) for m in config.models}
+        self._vacating: set[tuple[str, int]] = set()
+
+    @property
+    def is_vacating(self) -> bool:
+        """Whether frames are on their way back from the KV cache."""
+        return bool(self._vacating)
+
+    def alpha(self) -> dict[str, int]:
+        """Layers remapped per model now."""
+        return {m: wmap.alpha for m, wmap in self.maps.items()}
+
+    def plan(
+        self,
+        plan: StepPlan,
+        pressure: Pressure,
+        *,
+        active: Collection[str],
+        t_last_active: Mapping[str, float],
+        run_next: Sequence[str],
+    ) -> None:
+        """Decide and carry out this step's remapping (between the memory's
+        ``begin_step`` and ``end_step``)."""
+        states = []
+        for model, wmap in self.maps.items():
+            t = self.times[model]
+            states.append(
+                ModelState(
+                    name=model,
+                    num_layers=self.num_layers[model],
+                    frame_bytes=self.memory.frame_bytes(model),
+                    priority=self.priority[model],
+                    active=model in active,
+                    t_last_active=t_last_active[model],
+                    alpha=wmap.alpha,
+                    t_transfer=t.t_transfer,
+                    t_decode=t.t_decode,
+                    t_prefill=t.t_prefill,
+                )
+            )
+        decision = self.controller.plan(states, pressure, run_next)
+        vacating: set[tuple[str, int]] = set()
+        for state in states:
+            target = decision.targets.get(state.name)
+            if target is not None:
+                self._apply(plan, state, target, vacating)
+        for model, frame in self._vacating - vacating:
+            if frame in self.maps[model].reclaimed:  # not taken back after all
+                self.memory.cancel_vacate(model, frame)
+        self._vacating = vacating
+
+    def _apply(
+        self, plan: StepPlan, state: ModelState, target: int, vacating: set[tuple[str, int]]
+    ) -> None:
+        model, wmap, memory = state.name, self.maps[state.name], self.memory
+        t_layer = state.t_compute / state.num_layers
+        layout = select(
+            state.num_layers, target, state.t_transfer, t_layer, keep=wmap.layout.streamed
+        )
+        # Frames already on their way back first, then those holding the least KV.
+        order = sorted(
+            wmap.reclaimed,
+            key=lambda f: ((model, f) not in self._vacating, memory.frame_cost(model, f), f),
+        )
+        t = transition(wmap, layout, order)
+        if t.take_back:
+            vacated = [memory.vacate_frame(model, f) for f in t.take_back]
+            if not all(vacated):
+                vacating.update((model, f) for f in t.take_back)
+                return
+        for frame in t.reclaim:
+            memory.release_frame(model, frame)
+        if t.reclaim:
+            plan.remapped[model] = list(t.reclaim)
+        if t.loads:
+            plan.restored[model] = list(t.loads)
+        self.maps[model] = t.after
+
+    def stream(self, plan: StepPlan) -> None:
+        """Record the slot prefetches of every model in ``plan.batch`` with remapped
+        layers (call once the batch is complete)."""
+        for model in {e.model for e in plan.batch}:
+            wmap = self.maps[model]
+            if wmap.alpha:
+                plan.streams[model] = SlotStream(wmap.layout.streamed, wmap.slots)
+
+    def observe(self, plan: StepPlan, result: StepResult) -> None:
+        """Fold each model's measured forward pass into its T_compute estimates."""
+        prefilling = {e.model for e in plan.batch if e.is_prefill}
+        for model, seconds in result.compute_s.items():
+            self.times.observe(model, seconds, prefill=model in prefilling)

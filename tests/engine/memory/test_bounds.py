@@ -1,0 +1,49 @@
+"""KV floors and ceilings bound what a model's pool may claim from the free pages."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from shunter.engine.config import TenantSpec
+from shunter.engine.memory.bounds import KvBounds
+from shunter.engine.memory.manager import KVMemory
+from tests.engine.fakes import TINY, request, tiny_config
+
+OTHER = dataclasses.replace(TINY, name="other")
+
+
+def test_room_keeps_the_others_floors_and_its_own_ceiling() -> None:
+    bounds = KvBounds(
+        [
+            TenantSpec("a", kv_floor=300),
+            TenantSpec("b", kv_floor=200, kv_ceiling=500),
+            TenantSpec("c"),
+        ]
+    )
+    held = {"a": 100, "b": 450, "c": 0}
+    assert bounds.room("c", held, free=1000) == 800  # a still lacks 200 of its floor
+    assert bounds.room("a", held, free=1000) == 1000  # b holds more than its floor
+    assert bounds.room("b", held, free=1000) == 50  # its ceiling
+    assert bounds.room("c", held, free=100) == 0
+    assert KvBounds([TenantSpec("x")]).unbounded
+
+
+def test_pools_claim_within_floors_and_ceilings() -> None:
+    block = TINY.block_bytes(4)  # one block per page in tiny_config
+    config = tiny_config(
+        kv_blocks=10,
+        models=(TINY, OTHER),
+        tenants=(
+            TenantSpec("tiny", kv_floor=4 * block),
+            TenantSpec("other", kv_ceiling=3 * block),
+        ),
+    )
+    memory = KVMemory(config)
+    # The arena has room for 10 blocks; 4 are kept for tiny, and other stops at 3.
+    assert memory.num_free_blocks("other") == 3
+    assert memory.num_free_blocks("tiny") == 10
+    assert memory.num_total_blocks("other") == 3 and memory.num_total_blocks("tiny") == 10
+    r = request("r", 12, 4, model="other")
+    memory.allocate(r)
+    assert memory.num_free_blocks("tiny") == 7 and memory.num_free_blocks("other") == 0
+    assert memory.above_floor("other") and not memory.above_floor("tiny")

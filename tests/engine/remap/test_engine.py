@@ -1,0 +1,169 @@
+"""EngineCore with remapping and tenancy, end to end, over the checking fakes.
+
+Every step runs the memory integrity check (``check_integrity=True``), the fake
+executor checks every KV token a batch reads (so a block moved out of a frame taken back
+must arrive intact), and ``check_weights`` checks that each model in the batch can run
+every layer: resident in a frame that holds weights, or streamed through slots that do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+from shunter.engine.config import RemapConfig, TenantSpec
+from shunter.engine.core import EngineCore
+from shunter.engine.memory.arena import PageOwner
+from shunter.engine.plan import StepPlan
+from shunter.engine.remap.timing import LayerTiming
+from shunter.engine.request import Request
+from tests.engine.fakes import (
+    TINY,
+    Contents,
+    FakeExecutor,
+    FakeTransfers,
+    StepClock,
+    request,
+    tiny_config,
+)
+
+MODELS = tuple(dataclasses.replace(TINY, name=n, num_layers=8) for n in ("a", "b", "c"))
+# T_T far below T_c: the timings never bound how many layers remap, the cap does.
+TIMING = LayerTiming(t_transfer=1e-5, t_decode=0.01, t_prefill=0.05)
+REMAP = RemapConfig(enabled=True, cap_fraction=0.75, headroom_fraction=0.0)
+
+
+def make(
+    *, kv_blocks: int, sharing: tuple[str, str, str], policy: str = "lvf", delay: int = 1
+) -> tuple[EngineCore, StepClock]:
+    tenants = tuple(
+        TenantSpec(m.name, sharing=s, priority=i)
+        for i, (m, s) in enumerate(zip(MODELS, sharing, strict=True))
+    )
+    config = tiny_config(
+        kv_blocks=kv_blocks,
+        models=MODELS,
+        tenants=tenants,
+        remap=REMAP,
+        policy=policy,
+        turn_quantum_s=0.03,
+    )
+    clock = StepClock()
+    transfers = FakeTransfers(delay)
+    executor = FakeExecutor(clock, transfers)
+    timings = {m.name: TIMING for m in MODELS}
+    core = EngineCore(config, executor, transfers, clock, timings=timings)
+    executor.contents = transfers.contents = Contents(config.block_tokens)
+    executor.memory = core.memory
+    return core, clock
+
+
+def check_weights(core: EngineCore, plan: StepPlan) -> None:
+    """Every model in the batch has each layer resident or streamed through slots, in
+    frames whose pages hold its weights; only batched models stream."""
+    remapper, arena = core.remapper, core.memory.arena
+    assert remapper is not None
+    batched = {e.model for e in plan.batch}
+    assert set(plan.streams) <= batched
+    for model in batched:
+        wmap = remapper.maps[model]
+        stream = plan.streams.get(model)
+        streamed = stream.layers if stream else ()
+        assert set(streamed) == set(wmap.layout.streamed)
+        assert streamed == () or (stream is not None and stream.slots == wmap.slots)
+        frames = [*wmap.frame_of.values(), *(stream.slots if stream else ())]
+        for frame in frames:
+            owner = PageOwner.weights(model, frame)
+            assert all(arena.owner(p) == owner for p in core.memory.frame_pages(model, frame))
+        assert sorted([*wmap.frame_of, *streamed]) == list(range(8))
+    for model, loads in plan.restored.items():
+        for load in loads:
+            assert remapper.maps[model].frame_of[load.layer] == load.frame
+
+
+def run(
+    core: EngineCore, clock: StepClock, arrivals: list[tuple[int, Request]], max_steps: int = 3000
+) -> list[dict[str, int]]:
+    """Step until every request finished; the layers remapped after each step."""
+    pending = sorted(arrivals, key=lambda a: a[0])
+    alphas = []
+    step = 0
+    while pending or not core.is_idle():
+        assert step < max_steps, "no progress"
+        while pending and pending[0][0] <= step:
+            r = pending.pop(0)[1]
+            r.t_arr = clock.now()
+            core.add_request(r)
+        stats = core.step()
+        check_weights(core, core.executor.plans[-1])  # type: ignore[attr-defined]
+        alphas.append(stats.remapped_layers)
+        step += 1
+    for _, r in arrivals:
+        assert r.num_output_tokens == r.max_output_tokens
+    return alphas
+
+
+def test_layers_are_lent_under_pressure_and_restored_exactly_when_it_falls() -> None:
+    core, clock = make(kv_blocks=6, sharing=("temporal",) * 3)
+    arrivals = [(i, request(f"r{i}", 8, 12, model="a")) for i in range(8)]
+    alphas = run(core, clock, arrivals)
+    assert max(a["b"] + a["c"] for a in alphas) > 0  # the idle models lent layers first
+    # Load gone: the surplus exceeds what was lent, so everything comes back: exactly
+    # the frames lent, plus the slots, each loaded with a layer that streamed.
+    assert core.remapper is not None
+    before = dict(core.remapper.maps)
+    stats = core.step()
+    assert stats.remapped_layers == {"a": 0, "b": 0, "c": 0}
+    plan = core.executor.plans[-1]  # type: ignore[attr-defined]
+    for model, wmap in before.items():
+        loads = plan.restored.get(model, [])
+        assert {load.frame for load in loads} == set(wmap.reclaimed) | set(wmap.slots)
+        assert {load.layer for load in loads} == set(wmap.layout.streamed)
+    # Every frame holds weights again, in its own place.
+    arena = core.memory.arena
+    for m in MODELS:
+        for frame in range(m.num_layers):
+            owner = PageOwner.weights(m.name, frame)
+            assert all(arena.owner(p) == owner for p in core.memory.frame_pages(m.name, frame))
+    core.check_integrity()
+
+
+workloads = st.lists(
+    st.tuples(
+        st.integers(0, 30),  # arrival step
+        st.sampled_from(["a", "b", "c"]),
+        st.integers(1, 14),  # prompt tokens
+        st.integers(1, 14),  # output tokens
+    ),
+    min_size=1,
+    max_size=20,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    workload=workloads,
+    sharing=st.tuples(*[st.sampled_from(["temporal", "spatial"])] * 3),
+    policy=st.sampled_from(["lvf", "fcfs"]),
+    kv_blocks=st.integers(2, 10),
+    delay=st.integers(1, 3),
+)
+def test_random_multi_model_workloads_finish_with_memory_consistent(
+    workload: list[tuple[int, str, int, int]],
+    sharing: tuple[str, str, str],
+    policy: str,
+    kv_blocks: int,
+    delay: int,
+) -> None:
+    core, clock = make(kv_blocks=kv_blocks, sharing=sharing, policy=policy, delay=delay)
+    arrivals = [
+        (step, request(f"r{i}", prompt, output, model=model))
+        for i, (step, model, prompt, output) in enumerate(workload)
+    ]
+    alphas = run(core, clock, arrivals)
+    lent = [sum(a.values()) for a in alphas]
+    event("remapped" if max(lent) else "never remapped")
+    if max(lent) and lent[-1] < max(lent):
+        event("restored")
