@@ -98,11 +98,13 @@ class Arena:
             new = FREE  # one instance, so ``is FREE`` tells free pages apart
         if len(set(pages)) != len(pages):
             raise ValueError("convert: duplicate pages")
+        owners = self._owners
         for p in pages:
             if not 0 <= p < self.num_pages:
                 raise IndexError(f"page {p} outside the arena")
-            if self._owners[p] != expect:
-                raise ValueError(f"page {p} belongs to {self._owners[p]}, not {expect}")
+            o = owners[p]
+            if o is not expect and o != expect:  # identity first: owners are shared
+                raise ValueError(f"page {p} belongs to {o}, not {expect}")
         if expect == new:
             return
         for p in pages:
@@ -130,21 +132,18 @@ class Arena:
         """Fully free aligned chunks of a tracked size."""
         return self._num_free_chunks[pages_per_chunk]
 
-    def lowest_free_chunks(self, pages_per_chunk: int, n: int) -> list[int]:
-        """The ``n`` lowest fully free chunks of a tracked size (ValueError if fewer)."""
+    def take_free_chunks(self, pages_per_chunk: int, n: int) -> list[int]:
+        """The ``n`` lowest fully free chunks of a tracked size, for the caller to
+        convert at once (ValueError if there are fewer)."""
         size = pages_per_chunk
         heap, counts = self._free_heap[size], self._free_in[size]
         if n > self._num_free_chunks[size]:
             raise ValueError(f"{n} free chunks of {size} pages wanted")
         chunks: list[int] = []
-        popped: set[int] = set()
         while len(chunks) < n:
             c = heapq.heappop(heap)
-            if counts[c] == size and c not in popped:
+            if counts[c] == size and (not chunks or c != chunks[-1]):  # not stale
                 chunks.append(c)
-            popped.add(c)
-        for c in chunks:  # the caller converts them; until then they stay findable
-            heapq.heappush(heap, c)
         return chunks
 
     def _count_chunks(self, size: int, pages: list[int], delta: int) -> None:

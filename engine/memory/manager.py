@@ -333,36 +333,30 @@ class KVMemory:
         return queued
 
     def compact(self, model: str) -> int:
-        """Vacate the model's highest chunks; return the pages given back to the arena.
+        """Give the model's chunks back to the arena; return the pages given back.
 
-        Call it after the step's other verbs. Empty top chunks go back at once. The
-        highest chunk with live blocks drains (nothing is allocated from it again) and,
-        when they fit in free blocks elsewhere and none awaits a copy, has them moved
-        (``plan.moves``); their sources are freed when the step completes, so a later
-        call releases it.
+        Call it after the step's other verbs. Empty chunks go back at once. When the
+        model's free blocks would hold a whole chunk's, its highest chunk with live
+        blocks drains (nothing is allocated from it again) and, when none of them awaits
+        a copy, has them moved into free blocks elsewhere (``plan.moves``); their
+        sources are freed when the step completes, so a later call gives it back.
         """
         pool = self._pools[model]
-        released = 0
-        for chunk in reversed(pool.held_chunks):
-            if pool.num_used_in(chunk) == 0:
-                pool.release(chunk)
-                released += pool.pages_per_chunk
-                continue
-            draining = pool.is_draining(chunk)
-            pool.drain(chunk)
-            if not self._move_out(pool, chunk) and not draining:
-                pool.undrain(chunk)
-            break
+        released = self.release_empty(model)
+        if pool.num_held_free < pool.blocks_per_chunk:
+            return released
+        chunk = max(pool.held_chunks)
+        draining = pool.is_draining(chunk)
+        pool.drain(chunk)
+        if not self._move_out(pool, [chunk], claim=False) and not draining:
+            pool.undrain(chunk)
         return released
 
     def release_empty(self, model: str) -> int:
         """Give every held chunk of the model without a used block back to the arena;
         return the pages given back."""
         pool = self._pools[model]
-        chunks = pool.empty_chunks()
-        for chunk in chunks:
-            pool.release(chunk)
-        return len(chunks) * pool.pages_per_chunk
+        return pool.release_empty() * pool.pages_per_chunk
 
     # -- weight frames (remapping) -------------------------------------------------------
     def frame_pages(self, model: str, frame: int) -> range:
@@ -377,12 +371,17 @@ class KVMemory:
         """Hand a weight frame's pages to the KV cache (they become free pages)."""
         self.arena.convert(self.frame_pages(model, frame), PageOwner.weights(model, frame), FREE)
 
-    def frame_cost(self, model: str, frame: int) -> int:
-        """Live KV blocks in chunks over a released frame: what taking it back moves."""
-        pages = self.frame_pages(model, frame)
-        return sum(
-            pool.num_used_in(c) for pool in self._pools.values() for c in pool.chunks_over(pages)
-        )
+    def frame_costs(self, model: str, frames: Iterable[int]) -> dict[int, int]:
+        """Live KV blocks in chunks over each released frame: what taking it back moves."""
+        used = [(pool, pool.num_used_per_chunk()) for pool in self._pools.values()]
+        return {
+            f: sum(
+                counts[c]
+                for pool, counts in used
+                for c in pool.chunks_over(self.frame_pages(model, f))
+            )
+            for f in frames
+        }
 
     def vacate_frame(self, model: str, frame: int) -> bool:
         """Take a released frame back for weights, as far as possible this step.
@@ -400,17 +399,19 @@ class KVMemory:
 
         grab()  # before any move, so no pool claims the frame's free pages
         chunks = self._vacating.setdefault((model, frame), [])
+        chunks[:] = [(pool, c) for pool, c in chunks if pool.holds(c)]  # others emptied
         for pool in self._pools.values():
             for c in pool.chunks_over(pages):
                 if (pool, c) not in chunks:
                     pool.drain(c)
                     chunks.append((pool, c))
+        used = {pool: pool.num_used_per_chunk() for pool in {pool for pool, _ in chunks}}
         for pool, c in list(chunks):
-            if pool.num_used_in(c) == 0:
+            if used[pool][c] == 0:
                 pool.release(c)
                 chunks.remove((pool, c))
-            else:
-                self._move_out(pool, c)
+        for pool in used:
+            self._move_out(pool, [c for p, c in chunks if p is pool], claim=True)
         grab()
         if chunks:
             return False
@@ -425,39 +426,50 @@ class KVMemory:
             pool.undrain(c)
         self.arena.convert([p for p in pages if self.arena.owner(p) == owner], owner, FREE)
 
-    def _move_out(self, pool: BlockPool, chunk: int) -> bool:
-        """Plan moves of a draining chunk's live blocks into free blocks elsewhere;
-        False when a block awaits a copy or they do not fit."""
-        model, plan = pool.model, self._current()
-        blocks = set(pool.chunk_blocks(chunk))
-        owners = [
-            (t, i) for t in self._tables.values() if t.model == model
-            for i, d in enumerate(t.devices) if d in blocks
-        ]  # fmt: skip
+    def _move_out(self, pool: BlockPool, chunks: list[int], *, claim: bool) -> int:
+        """Plan moves of draining chunks' live blocks into free blocks elsewhere (in
+        held chunks, or also in claimed ones with ``claim``), chunk by chunk while they
+        fit; a chunk with a block awaiting a copy stays. Returns the chunks emptied."""
+        if not chunks:
+            return 0
+        model, plan, bpc = pool.model, self._current(), pool.blocks_per_chunk
+        wanted = set(chunks)
+        owners: dict[int, list[tuple[BlockTable, int]]] = {c: [] for c in chunks}
+        for t in self._tables.values():
+            if t.model == model:
+                for i, d in enumerate(t.devices):
+                    if d // bpc in wanted:
+                        owners[d // bpc].append((t, i))
+        used = pool.num_used_per_chunk()
         # Moves planned this step may add to each other, but a block moved here this step
         # does not move again (one batch of moves reads every source before writing);
         # no other copy may be in flight.
-        moved_here = self._moved_into.get(model, set())
-        busy = any(
-            self._fence(t.d2h_step, t.h2d_step) is not None
-            or (t.move_step != plan.step and self._inflight.is_pending(t.move_step))
-            or t.devices[i] in moved_here
-            for t, i in owners
-        )
-        if busy or len(owners) != pool.num_used_in(chunk) or not pool.can_allocate(len(owners)):
-            return False
-        if not owners:
-            return True
-        moves = plan.moves.setdefault(model, [])
-        self._inflight.touch(plan.step)
-        dsts = pool.allocate(len(owners))
-        self._moved_into.setdefault(model, set()).update(dsts)
-        for (table, i), dst in zip(owners, dsts, strict=True):
-            moves.append(BlockMove(table.devices[i], dst))
-            self._inflight.defer_device(plan.step, model, [table.devices[i]])
-            table.devices[i] = dst
-            table.move_step = plan.step
-        return True
+        moved_here = self._moved_into.setdefault(model, set())
+        emptied = 0
+        for chunk in chunks:
+            blocks = owners[chunk]
+            busy = any(
+                self._fence(t.d2h_step, t.h2d_step) is not None
+                or (t.move_step != plan.step and self._inflight.is_pending(t.move_step))
+                or t.devices[i] in moved_here
+                for t, i in blocks
+            )
+            room = pool.num_free if claim else pool.num_held_free
+            if busy or len(blocks) != used[chunk] or room < len(blocks):
+                continue
+            emptied += 1
+            if not blocks:
+                continue
+            moves = plan.moves.setdefault(model, [])
+            self._inflight.touch(plan.step)
+            dsts = pool.allocate(len(blocks))
+            moved_here.update(dsts)
+            for (table, i), dst in zip(blocks, dsts, strict=True):
+                moves.append(BlockMove(table.devices[i], dst))
+                self._inflight.defer_device(plan.step, model, [table.devices[i]])
+                table.devices[i] = dst
+                table.move_step = plan.step
+        return emptied
 
     def check_integrity(self, requests: Iterable[Request]) -> None:
         """Raise AssertionError unless every pool, the host space and every table agree.

@@ -97,17 +97,24 @@ class BlockPool:
     def held_chunks(self) -> list[int]:
         return sorted(self._chunks)
 
+    def num_used_per_chunk(self) -> dict[int, int]:
+        """Used blocks of every held chunk, in one pass over the free blocks."""
+        bpc = self.blocks_per_chunk
+        used = dict.fromkeys(self._chunks, bpc)
+        for b in self._free:
+            used[b // bpc] -= 1
+        for c, drained in self._draining.items():
+            used[c] = bpc - len(drained)
+        return used
+
     def empty_chunks(self) -> list[int]:
-        """Held chunks none of whose blocks is used, in one pass over the free blocks."""
+        """Held chunks none of whose blocks is used."""
         if not self._chunks:
             return []
-        bpc = self.blocks_per_chunk
-        counts: dict[int, int] = {}
-        for b in self._free:
-            counts[b // bpc] = counts.get(b // bpc, 0) + 1
-        for c, drained in self._draining.items():
-            counts[c] = len(drained)
-        return sorted(c for c, n in counts.items() if n == bpc)
+        return sorted(c for c, n in self.num_used_per_chunk().items() if n == 0)
+
+    def holds(self, chunk: int) -> bool:
+        return chunk in self._chunks
 
     def is_draining(self, chunk: int) -> bool:
         return chunk in self._draining
@@ -150,7 +157,7 @@ class BlockPool:
         model."""
         if num_chunks > self.num_claimable:
             raise MemoryError(f"model {self.model!r}: too few free blocks")
-        chunks = self.arena.lowest_free_chunks(self.pages_per_chunk, num_chunks)
+        chunks = self.arena.take_free_chunks(self.pages_per_chunk, num_chunks)
         pages = [p for c in chunks for p in self.chunk_pages(c)]
         self.arena.convert(pages, FREE, self.owner)
         self._chunks.update(chunks)
@@ -161,11 +168,24 @@ class BlockPool:
         """Return a held chunk whose blocks are all free to the arena."""
         if self.num_used_in(chunk):
             raise ValueError(f"chunk {chunk} of {self.model!r} still has used blocks")
-        self._chunks.remove(chunk)
-        if self._draining.pop(chunk, None) is None:
+        self._give_back([chunk])
+
+    def release_empty(self) -> int:
+        """Return every held chunk none of whose blocks is used; the chunks returned."""
+        chunks = self.empty_chunks()
+        self._give_back(chunks)
+        return len(chunks)
+
+    def _give_back(self, chunks: list[int]) -> None:
+        if not chunks:
+            return
+        gone = set(chunks)
+        self._chunks -= gone
+        undrained = [c for c in chunks if self._draining.pop(c, None) is None]
+        if undrained:
             bpc = self.blocks_per_chunk
-            self._free = [b for b in self._free if b // bpc != chunk]
-        self.arena.convert(self.chunk_pages(chunk), self.owner, FREE)
+            self._free = [b for b in self._free if b // bpc not in gone]
+        self.arena.convert([p for c in chunks for p in self.chunk_pages(c)], self.owner, FREE)
 
     def drain(self, chunk: int) -> None:
         """Stop allocating from a held chunk, so that it empties."""

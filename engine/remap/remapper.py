@@ -48,6 +48,7 @@ class Remapper:
         self.priority = {m: t.priority for m, t in config.tenant_by_model.items()}
         self.maps = {m.name: WeightMap.initial(m.num_layers) for m in config.models}
         self._vacating: set[tuple[str, int]] = set()
+        self._pending: dict[str, int] = {}  # targets whose frames are still vacating
 
     @property
     def is_vacating(self) -> bool:
@@ -87,10 +88,14 @@ class Remapper:
                 )
             )
         decision = self.controller.plan(states, pressure, run_next)
+        # A take-back under way goes on to its target unless the controller now wants
+        # something else for that model: frames half vacated are memory nobody uses.
+        targets = self._pending | decision.targets
+        self._pending = {}
         vacating: set[tuple[str, int]] = set()
         for state in states:
-            target = decision.targets.get(state.name)
-            if target is not None:
+            target = targets.get(state.name)
+            if target is not None and target != state.alpha:
                 self._apply(plan, state, target, vacating)
         for model, frame in self._vacating - vacating:
             if frame in self.maps[model].reclaimed:  # not taken back after all
@@ -105,16 +110,19 @@ class Remapper:
         layout = select(
             state.num_layers, target, state.t_transfer, t_layer, keep=wmap.layout.streamed
         )
-        # Frames already on their way back first, then those holding the least KV.
-        order = sorted(
-            wmap.reclaimed,
-            key=lambda f: ((model, f) not in self._vacating, memory.frame_cost(model, f), f),
-        )
-        t = transition(wmap, layout, order)
+        t = transition(wmap, layout, sorted(wmap.reclaimed))
+        if t.take_back:
+            # Frames already on their way back first, then those holding the least KV.
+            cost = memory.frame_costs(model, wmap.reclaimed)
+            order = sorted(
+                wmap.reclaimed, key=lambda f: ((model, f) not in self._vacating, cost[f], f)
+            )
+            t = transition(wmap, layout, order)
         if t.take_back:
             vacated = [memory.vacate_frame(model, f) for f in t.take_back]
             if not all(vacated):
                 vacating.update((model, f) for f in t.take_back)
+                self._pending[model] = target
                 return
         for frame in t.reclaim:
             memory.release_frame(model, frame)

@@ -35,7 +35,7 @@ class Scheduler:
 
     Step order (``schedule``):
       1. Tenancy: the models that execute this step (spatial ones with work and the
-         temporal turn holder). Idle models give their empty KV chunks back.
+         temporal turn holder).
       2. Remapping (with a remapper): the controller weighs the executing models' KV
          demand against the free KV and lends or restores weight frames.
       3. Decode first: each running request of an executing model in decode gets a
@@ -55,7 +55,7 @@ class Scheduler:
          forward pass). A request that does not fit stops its own model's admissions
          for this step, not the others'.
       7. Eager rotation of SYNCED blocks. A model that ran short of blocks gets
-         capacity from the others: they compact, giving empty chunks back.
+         capacity from the others: the one with the most free blocks compacts.
     ``update`` applies the executor's result: KV progress, tokens, finished requests.
 
     A swapped-in request joins the batch at the first step that finds its own H2D
@@ -134,9 +134,6 @@ class Scheduler:
             q.land(self.memory.has_landed)
         lag = self._lag(now)
         executing = self.tenancy.executing(now, self._has_work, lag)
-        for model in self.queues:
-            if model not in executing:
-                self.memory.release_empty(model)
         if self.remapper is not None:
             self.remapper.plan(
                 plan,
@@ -185,17 +182,20 @@ class Scheduler:
                 continue
             num_running += 1
             tokens -= used
+        short.update(m for m in executing if self._starved(m))
         holder = self.tenancy.holder
         if holder in executing and not self._progressed(holder, plan, sitting_out):
             self.tenancy.pass_turn(now, self._has_work, lag)
         if self.remapper is not None:
             self.remapper.stream(plan)
         self.memory.rotate()
-        # Capacity moves to the models that ran short, and to frames being restored.
+        # Capacity moves to the models that ran short, and to frames being restored:
+        # the other model with the most free blocks compacts (one a step: moves cost
+        # copies).
         if short or (self.remapper is not None and self.remapper.is_vacating):
-            for model in self.queues:
-                if model not in short:
-                    self.memory.compact(model)
+            others = [m for m in self.queues if m not in short]
+            if others:
+                self.memory.compact(max(others, key=self.memory.num_held_free_blocks))
         self.memory.end_step()
         return plan
 
@@ -313,6 +313,13 @@ class Scheduler:
         if len(decisions) == 1:
             return decisions[0].admit
         return list(heapq.merge(*(d.admit for d in decisions), key=attrgetter("t_arr")))
+
+    def _starved(self, model: str) -> bool:
+        """Whether the model's first waiting (else rotary) request needs more blocks
+        than it may allocate: the policy would not even try to admit it."""
+        q = self.queues[model]
+        head = next(iter(q.waiting.values()), None) or next(iter(q.rotary.values()), None)
+        return head is not None and self.memory.blk(head) > self.memory.num_free_blocks(model)
 
     def _progressed(self, model: str, plan: StepPlan, sitting_out: set[str]) -> bool:
         """Whether ``model`` computes, brings a request in, or waits for copies of its

@@ -130,12 +130,14 @@ def test_the_arena_counts_fully_free_chunks_of_every_tracked_size() -> None:
     assert (arena.num_free_chunks(1), arena.num_free_chunks(3)) == (9, 3)
     arena.convert([4], FREE, PageOwner.kv("m"))
     assert (arena.num_free_chunks(1), arena.num_free_chunks(3)) == (8, 2)
-    assert arena.lowest_free_chunks(3, 2) == [0, 2]
-    assert arena.lowest_free_chunks(1, 5) == [0, 1, 2, 3, 5]
-    arena.convert([4], PageOwner.kv("m"), FREE)
-    assert arena.lowest_free_chunks(3, 3) == [0, 1, 2]
+    assert arena.take_free_chunks(3, 2) == [0, 2]
+    taken = [*range(0, 3), *range(6, 9)]
+    arena.convert(taken, FREE, PageOwner.kv("m"))  # the caller converts them at once
+    assert (arena.num_free_chunks(1), arena.num_free_chunks(3)) == (2, 0)
+    arena.convert([*taken, 4], PageOwner.kv("m"), FREE)
+    assert arena.take_free_chunks(3, 3) == [0, 1, 2]
     with pytest.raises(ValueError):
-        arena.lowest_free_chunks(3, 4)
+        arena.take_free_chunks(3, 4)
     arena.check_integrity()
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from shunter.engine.config import ModelSpec, RotationConfig
@@ -37,8 +39,8 @@ class Harness:
         self.check()
         return done
 
-    def running(self, rid: str, prompt: int, computed: int) -> Request:
-        r = request(rid, prompt, 8)
+    def running(self, rid: str, prompt: int, computed: int, model: str = "tiny") -> Request:
+        r = request(rid, prompt, 8, model=model)
         self.requests.append(r)
         self.memory.allocate(r)
         r.state = RequestState.RUNNING
@@ -175,22 +177,25 @@ def test_swap_out_needs_host_space_for_blocks_without_a_host_copy() -> None:
     r.num_computed_tokens = 8
 
 
-def test_compaction_moves_blocks_down_and_releases_the_top() -> None:
-    h = Harness(kv_blocks=6)
+def test_compaction_gives_empty_chunks_back_and_moves_blocks_down() -> None:
+    half = dataclasses.replace(TINY, name="half", num_layers=1)  # two blocks per page
+    h = Harness(kv_blocks=6, models=(TINY, half))
     m = h.memory
-    a = h.running("a", prompt=12, computed=12)  # blocks 0, 1, 2
-    b = h.running("b", prompt=8, computed=8)  # blocks 3, 4
-    m.free(a)
-    a.state = RequestState.FINISHED
+    rs = [h.running(f"r{i}", prompt=4, computed=4, model="half") for i in range(6)]
+    assert [m.block_ids(r.id)[0] for r in rs] == [0, 1, 2, 3, 4, 5]  # chunks 0, 1, 2
+    for r in (rs[1], rs[2], rs[4], rs[5]):
+        m.free(r)
+        r.state = RequestState.FINISHED
     held = m.arena.num_free_pages
-    # Chunks are claimed as needed (blocks 0-4); the top one (block 4) is live: moved.
-    assert m.compact("tiny") == 0
-    (move,) = h.plan.moves["tiny"]
-    assert move.src == 4 and move.dst in (0, 1, 2)
-    assert m.block_ids(b.id) == [3, move.dst]
+    # Chunk 2 is empty: back at once. Blocks 1 and 2 are free in chunks 0 and 1, a whole
+    # chunk's worth: the top live one (block 3) moves down into block 1.
+    assert m.compact("half") == 1
+    (move,) = h.plan.moves["half"]
+    assert (move.src, move.dst) == (3, 1)
+    assert m.block_ids("r3") == [1]
     h.next_step()
-    released = m.compact("tiny")  # block 4's chunk is empty now; 3's has a live block
-    assert released == 1 and m.arena.num_free_pages == held + 1
+    assert m.compact("half") == 1  # chunk 1 emptied when the move completed
+    assert m.arena.num_free_pages == held + 2
     h.next_step()
 
 

@@ -1,12 +1,13 @@
 import pytest
 
-from shunter.engine.plan import BatchEntry, BlockCopy, BlockMove, StepPlan
+from shunter.engine.plan import BatchEntry, BlockCopy, BlockMove, LayerLoad, SlotStream, StepPlan
 from shunter.engine.sim.catalog import get_model
 from shunter.engine.sim.clock import VirtualClock
 from shunter.engine.sim.cost import CopyBatch, CopyCostModel, SeqWork, StepCostModel
 from shunter.engine.sim.executor import SimulatedExecutor
 from shunter.engine.sim.hardware import gh200
 from shunter.engine.sim.transfers import SimulatedTransfers
+from shunter.engine.sim.weights import WeightStreams
 
 QWEN = get_model("qwen2.5-32b")
 BLOCK = QWEN.block_bytes(16)
@@ -108,3 +109,37 @@ def test_swapped_in_request_waits_for_its_h2d_copy() -> None:
     assert clock.now() == pytest.approx(landed + compute)
     assert result.duration_s == pytest.approx(landed + compute - t_called)
     assert executor.totals.stall_s == pytest.approx(landed - t_called)
+
+
+def test_streamed_layers_that_are_not_copied_in_time_stall_the_pass() -> None:
+    clock = VirtualClock()
+    transfers = SimulatedTransfers(clock, CopyCostModel(gh200), {QWEN.name: BLOCK})
+    cost = StepCostModel(QWEN, gh200)
+    t_layer = cost.forward_time([SeqWork(1, 100)], 1) / QWEN.num_layers
+    # A layer copy takes 10 layers of compute: 32 layers through one slot cannot keep up.
+    weights = WeightStreams({QWEN.name: 10 * t_layer}, {QWEN.name: QWEN.layer_bytes})
+    executor = SimulatedExecutor(
+        clock,
+        {QWEN.name: cost},
+        transfers,
+        block_bytes={QWEN.name: BLOCK},
+        step_overhead_s=gh200.step_overhead_s,
+        hbm_bw=gh200.hbm_bw,
+        weights=weights,
+    )
+    streamed = tuple(range(0, 64, 2))
+    plan = StepPlan(
+        step=0,
+        batch=[decode("a")],
+        streams={QWEN.name: SlotStream(streamed, (0,))},
+        restored={QWEN.name: [LayerLoad(1, 1)]},
+    )
+    result = executor.execute(plan)
+    compute = result.compute_s[QWEN.name]
+    assert compute == pytest.approx(cost.forward_time([SeqWork(1, 100)], 1))
+    assert executor.totals.weight_stall_s > 0 and executor.totals.num_weight_stalls > 0
+    assert result.duration_s == pytest.approx(
+        gh200.step_overhead_s + compute + executor.totals.weight_stall_s
+    )
+    # One restored layer, the 32 streamed ones, and the slot refilled for the next pass.
+    assert executor.totals.weight_bytes == (1 + 32 + 1) * QWEN.layer_bytes
