@@ -1,4 +1,6 @@
-"""Scheduler benchmark: host time to plan one step, LVF against FCFS, by live requests.
+"""Planning benchmarks: host time to plan one step.
+
+``bench scheduler``: LVF against FCFS, by live requests, on one model.
 
 The paper's setting (SuperInfer §5.1): Qwen2.5-32B on a 144 GB GH200, 90% of HBM for
 the arena (about 15k KV blocks of 4 MiB after the weights), default knobs (B_xfer =
@@ -10,20 +12,37 @@ cap that binds first, LVF rotates nothing and plans like FCFS.) The step loop is
 real EngineCore; the executor and transfer engine are instant stand-ins, since only
 planning is timed (``StepStats.schedule_s``: policy, memory verbs, batch building, eager
 rotation).
+
+``bench remap``: eight tenants (four spatial, four temporal) on one GH200, parameter
+remapping on, 1,024 live requests: the same planning time, now with tenancy and the
+remapping controller (when, which model, how many, which layers, and the memory verbs
+that lend and restore frames) inside it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from shunter.engine.config import EngineConfig, RotationConfig, SchedulerConfig, SloSpec
-from shunter.engine.core import EngineCore
+from shunter.engine.config import (
+    EngineConfig,
+    RemapConfig,
+    RotationConfig,
+    SchedulerConfig,
+    SloSpec,
+    TenantSpec,
+)
+from shunter.engine.core import EngineCore, StepStats
 from shunter.engine.interfaces import Clock, Executor, Transfers
 from shunter.engine.plan import StepPlan, StepResult
 from shunter.engine.request import Request
 from shunter.engine.sim.catalog import CATALOG
+from shunter.engine.sim.cost import CopyCostModel
+from shunter.engine.sim.hardware import gh200
+from shunter.engine.sim.runner import SimConfig
 
 MODEL = CATALOG["qwen2.5-32b"]  # a 16-token KV block is 4 MiB
 DEVICE_BYTES = int(0.9 * 144e9)
@@ -97,8 +116,24 @@ def bench_policy(
     Lengths are ShareGPT-like (prompts 32-1024, outputs 64-1024 tokens); a request that
     finishes is replaced at once, so the live count stays fixed.
     """
-    rng = random.Random(seed)
     core = _engine(policy, num_live)
+    times, stats = _keep_alive(core, lambda _: MODEL.name, num_live, steps, warmup, seed)
+    h2d_blocks = sum(s.h2d_blocks for s in stats)
+    return BenchResult(policy, num_live, statistics.median(times), steps, h2d_blocks / steps)
+
+
+def _keep_alive(
+    core: EngineCore,
+    model_of: Callable[[int], str],
+    num_live: int,
+    steps: int,
+    warmup: int,
+    seed: int,
+) -> tuple[list[float], list[StepStats]]:
+    """Step with ``num_live`` ShareGPT-like requests alive (request i for model
+    ``model_of(i)``; one that finishes is replaced at once); the planning times and
+    stats of the ``steps`` steps after ``warmup``."""
+    rng = random.Random(seed)
     counter = 0
 
     def arrive() -> None:
@@ -106,7 +141,7 @@ def bench_policy(
         core.add_request(
             Request(
                 id=f"b{counter}",
-                model=MODEL.name,
+                model=model_of(counter),
                 prompt_tokens=rng.randint(32, 1024),
                 max_output_tokens=rng.randint(64, 1024),
                 slo=SLO,
@@ -117,16 +152,15 @@ def bench_policy(
 
     for _ in range(num_live):
         arrive()
-    times = []
-    h2d_blocks = 0
+    times, kept = [], []
     for i in range(warmup + steps):
         stats = core.step()
         for _ in stats.finished:
             arrive()
         if i >= warmup:
             times.append(stats.schedule_s)
-            h2d_blocks += stats.h2d_blocks
-    return BenchResult(policy, num_live, statistics.median(times), steps, h2d_blocks / steps)
+            kept.append(stats)
+    return times, kept
 
 
 def bench_scheduler(sizes: tuple[int, ...] = (256, 1024, 4096), steps: int = 60) -> list[str]:
@@ -142,3 +176,55 @@ def bench_scheduler(sizes: tuple[int, ...] = (256, 1024, 4096), steps: int = 60)
             f"{lvf.h2d_blocks_per_step:>13.0f}"
         )
     return lines
+
+
+TENANTS = tuple(dataclasses.replace(CATALOG["mistral-7b"], name=f"m{i}") for i in range(8))
+
+
+def bench_remap(num_live: int = 1024, *, steps: int = 60, warmup: int = 40) -> list[str]:
+    """Median planning time per step with eight tenants and remapping on.
+
+    Eight Mistral-7B-shaped models (116 GB of weights) on a 144 GB GH200's arena leave
+    about 14 GB of KV for ``num_live`` ShareGPT-like requests spread over them, so KV
+    runs short and the controller lends layers. Four tenants are spatial,
+    four take turns; LVF orders every executing model's requests at once. Two running
+    caps: the default (256), and every live request (HBM alone limits admission, so
+    LVF rotates as much as B_xfer allows every step).
+    """
+    lines = [
+        f"{'models':>6} {'live':>6} {'running cap':>12} {'median ms':>10} "
+        f"{'max layers lent':>16} {'layers restored':>16}"
+    ]
+    for cap in (SchedulerConfig().max_running, num_live):
+        core = _tenant_engine(cap)
+        times, stats = _keep_alive(
+            core, lambda i: TENANTS[i % len(TENANTS)].name, num_live, steps, warmup, 0
+        )
+        lent = max(sum(s.remapped_layers.values()) for s in stats)
+        restored = sum(s.layers_restored for s in stats)
+        lines.append(
+            f"{len(TENANTS):>6} {num_live:>6} {cap:>12} {statistics.median(times) * 1e3:>10.3f} "
+            f"{lent:>16} {restored:>16}"
+        )
+    lines.append("(target <= 1.5 ms)")
+    return lines
+
+
+def _tenant_engine(max_running: int) -> EngineCore:
+    tenants = tuple(
+        TenantSpec(m.name, sharing="spatial" if i < 4 else "temporal")
+        for i, m in enumerate(TENANTS)
+    )
+    config = EngineConfig(
+        models=TENANTS,
+        device_bytes=DEVICE_BYTES,
+        host_swap_bytes=400 * 10**9,
+        block_tokens=BLOCK_TOKENS,
+        scheduler=SchedulerConfig(policy="lvf", max_running=max_running),
+        rotation=RotationConfig(),
+        tenants=tenants,
+        remap=RemapConfig(enabled=True),
+    )
+    timings = SimConfig(models=TENANTS, hardware=gh200, slo=SLO).layer_timings(CopyCostModel(gh200))
+    clock = _Clock()
+    return EngineCore(config, _InstantExecutor(clock), _InstantTransfers(), clock, timings=timings)

@@ -6,6 +6,9 @@ cd "$(dirname "$0")/.."
 echo "== scheduler: median step planning time, LVF vs FCFS"
 "${VENV:-.venv}/bin/shunter" bench scheduler
 
+echo "== remap: median step planning time, 8 tenants, 1,024 live requests, remapping on"
+"${VENV:-.venv}/bin/shunter" bench remap
+
 echo "== simulator: simulated seconds per wall second (SIMULATED workload)"
 "${VENV:-.venv}/bin/shunter" bench simulator
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from shunter.engine.config import SchedulerConfig
+from shunter.engine.config import CAPACITY_SOURCES, SchedulerConfig
 
 DEFAULTS = SchedulerConfig()
 
@@ -41,11 +41,15 @@ def add_simulate_parser(sub: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument("--model", default="qwen2.5-32b", help="catalog model (default qwen2.5-32b)")
     p.add_argument(
-        "--hardware", default="gh200", help="gh200, gh200-96g, h200, h100 or a profile JSON"
+        "--hardware",
+        help="gh200 (default), gh200-96g (a scenario's default), h200, h100 or a profile JSON",
     )
     p.add_argument("--policy", type=_names, default=["lvf", "fcfs", "wf", "sf"], help="comma list")
     p.add_argument(
-        "--rps", type=_floats, default=[4.0, 8.0, 12.0, 16.0, 20.0], help="comma list, req/s"
+        "--rps",
+        type=_floats,
+        help="comma list, req/s (default 4,8,12,16,20; with --scenario, per model while it "
+        "receives requests, default 2,4,8,16)",
     )
     p.add_argument("--duration", type=float, default=120.0, help="seconds of arrivals")
     p.add_argument("--ttft-slo", type=float, default=5.0, help="S_F, seconds (default 5)")
@@ -56,8 +60,8 @@ def add_simulate_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument(
         "--xfer-budget",
         type=int,
-        default=DEFAULTS.xfer_budget_blocks,
-        help=f"B_xfer, blocks per step (default {DEFAULTS.xfer_budget_blocks})",
+        help=f"B_xfer, blocks per step (default {DEFAULTS.xfer_budget_blocks}; with "
+        "--scenario, as many bytes as that many 4 MiB blocks)",
     )
     p.add_argument(
         "--swap-bandwidth-scale",
@@ -88,24 +92,57 @@ def add_simulate_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     p.add_argument("--json", metavar="OUT", help="write results as JSON")
     p.add_argument("--plot", metavar="OUT", help="write attainment vs rate as HTML")
+    t = p.add_argument_group(
+        "multi-tenant scenarios",
+        "--scenario replaces --model and --policy: the paper's model combinations, each "
+        "model with its share of GPU memory, compared as variants",
+    )
+    t.add_argument("--scenario", choices=["c1", "c2"], help="c1 or c2 (Oneiros Table 1)")
+    t.add_argument(
+        "--sharing",
+        type=_names,
+        default=["temporal"],
+        help="temporal and/or spatial, comma list (default temporal)",
+    )
+    t.add_argument(
+        "--variant",
+        type=_names,
+        default=["none", "oneiros", "rotasched", "combined"],
+        help="comma list of none, oneiros, rotasched, combined (default all)",
+    )
+    t.add_argument(
+        "--window", type=float, default=30.0, help="temporal: seconds each model is on per cycle"
+    )
+    t.add_argument(
+        "--quantum", type=float, default=0.5, help="least seconds a temporal turn is held"
+    )
+    t.add_argument("--remap-cap", type=float, default=0.5, help="most of a model's layers remapped")
+    t.add_argument(
+        "--capacity-order",
+        type=lambda text: tuple(_names(text)),
+        default=CAPACITY_SOURCES,
+        help="order memory is taken in (default " + ",".join(CAPACITY_SOURCES) + ")",
+    )
     p.set_defaults(func=cmd_simulate)
 
 
 def cmd_simulate(ns: argparse.Namespace) -> int:
+    if ns.scenario:
+        return _simulate_scenario(ns)
     from shunter.engine.sim.sweep import SweepSpec, run_sweep
 
     spec = SweepSpec(
         model=ns.model,
-        hardware=ns.hardware,
+        hardware=ns.hardware or "gh200",
         policies=tuple(ns.policy),
-        rates=tuple(ns.rps),
+        rates=tuple(ns.rps or (4.0, 8.0, 12.0, 16.0, 20.0)),
         duration_s=ns.duration,
         ttft_slo_s=ns.ttft_slo,
         tbt_slo_s=ns.tbt_slo,
         alpha=ns.alpha,
         beta_b=ns.beta_b,
         beta_f=ns.beta_f,
-        xfer_budget=ns.xfer_budget,
+        xfer_budget=DEFAULTS.xfer_budget_blocks if ns.xfer_budget is None else ns.xfer_budget,
         swap_bandwidth_scale=ns.swap_bandwidth_scale,
         max_running=ns.max_running,
         max_batch_tokens=ns.max_batch_tokens,
@@ -114,6 +151,31 @@ def cmd_simulate(ns: argparse.Namespace) -> int:
         seed=ns.seed,
     )
     return run_sweep(spec, json_path=ns.json, plot_path=ns.plot)
+
+
+def _simulate_scenario(ns: argparse.Namespace) -> int:
+    from shunter.engine.sim.scenario_sweep import ScenarioSpec, run_scenarios
+
+    spec = ScenarioSpec(
+        scenario=ns.scenario,
+        sharing=tuple(ns.sharing),
+        variants=tuple(ns.variant),
+        rates=tuple(ns.rps or (2.0, 4.0, 8.0, 16.0)),
+        duration_s=ns.duration,
+        window_s=ns.window,
+        hardware=ns.hardware,
+        ttft_slo_s=ns.ttft_slo,
+        tbt_slo_s=ns.tbt_slo,
+        xfer_budget=ns.xfer_budget,
+        max_running=ns.max_running,
+        max_batch_tokens=ns.max_batch_tokens,
+        turn_quantum_s=ns.quantum,
+        remap_cap=ns.remap_cap,
+        capacity_order=ns.capacity_order,
+        cv=ns.cv,
+        seed=ns.seed,
+    )
+    return run_scenarios(spec, json_path=ns.json, plot_path=ns.plot)
 
 
 def add_bench_simulator_parser(bench_sub: argparse._SubParsersAction[Any]) -> None:

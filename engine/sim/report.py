@@ -79,15 +79,19 @@ def _cell(fmt: str, value: Any) -> str:
     return "-" if value is None else fmt.format(value)
 
 
-def format_table(rows: Sequence[Row], title: str) -> str:
-    """A fixed-width table, one line per (policy, rate), headed with the SIMULATED label.
-    Latencies are seconds; goodput is requests meeting both SLOs per second."""
-    cells = [[_cell(fmt, row[key]) for _, key, fmt in COLUMNS] for row in rows]
+Column = tuple[str, str, str]
+
+
+def format_table(rows: Sequence[Row], title: str, columns: Sequence[Column] = COLUMNS) -> str:
+    """A fixed-width table, one line per row (by default per policy and rate), headed
+    with the SIMULATED label. Latencies are seconds; goodput is requests meeting both
+    SLOs per second."""
+    cells = [[_cell(fmt, row[key]) for _, key, fmt in columns] for row in rows]
     widths = [
         max(len(header), *(len(line[i]) for line in cells)) if cells else len(header)
-        for i, (header, _, _) in enumerate(COLUMNS)
+        for i, (header, _, _) in enumerate(columns)
     ]
-    header = "  ".join(h.rjust(w) for (h, _, _), w in zip(COLUMNS, widths, strict=True))
+    header = "  ".join(h.rjust(w) for (h, _, _), w in zip(columns, widths, strict=True))
     lines = [f"{LABEL}: {title}", header, "-" * len(header)]
     lines += ["  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)) for line in cells]
     return "\n".join(lines)
@@ -99,39 +103,75 @@ def write_json(path: str | Path, config: Mapping[str, Any], rows: Sequence[Row])
     Path(path).write_text(json.dumps(doc, indent=2) + "\n")
 
 
-def write_plot(path: str | Path, rows: Sequence[Row], title: str) -> None:
-    """A self-contained HTML page: TTFT, TBT and joint attainment against request rate,
-    one line per policy."""
+# (row key, panel title, y-axis title; attainments are shares plotted as percent).
+Panel = tuple[str, str, str]
+ATTAINMENT_PANELS: tuple[Panel, ...] = (
+    ("ttft_attainment", "TTFT SLO attainment", "attainment (%)"),
+    ("tbt_attainment", "TBT SLO attainment", "attainment (%)"),
+    ("slo_attainment", "TTFT and TBT SLO attainment", "attainment (%)"),
+)
+Timeline = tuple[str, Sequence[tuple[float, float]]]
+COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
+
+
+def write_plot(
+    path: str | Path,
+    rows: Sequence[Row],
+    title: str,
+    *,
+    series: str = "policy",
+    panels: Sequence[Panel] = ATTAINMENT_PANELS,
+    timelines: Sequence[Timeline] = (),
+    timeline_title: str = "",
+) -> None:
+    """A self-contained HTML page: each panel's value against request rate, one line per
+    ``series`` value (policy by default); with ``timelines``, a last row of step lines
+    over simulated time (``(name, [(t, value), ...])``)."""
     import plotly.graph_objects as go
     import plotly.io as pio
     from plotly.subplots import make_subplots
 
-    panels = (
-        ("ttft_attainment", "TTFT SLO attainment"),
-        ("tbt_attainment", "TBT SLO attainment"),
-        ("slo_attainment", "TTFT and TBT SLO attainment"),
-    )
-    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[t for _, t in panels])
-    policies = list(dict.fromkeys(row["policy"] for row in rows))
-    colors = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
-    for i, policy in enumerate(policies):
-        points = sorted((r for r in rows if r["policy"] == policy), key=lambda r: r["rps"])
-        for col, (key, _) in enumerate(panels, start=1):
+    rows_n = 2 if timelines else 1
+    titles = [t for _, t, _ in panels] + ([timeline_title] if timelines else [])
+    specs: list[list[dict[str, Any] | None]] = [[{}] * len(panels)]
+    if timelines:
+        specs.append([{"colspan": len(panels)}] + [None] * (len(panels) - 1))
+    fig = make_subplots(rows=rows_n, cols=len(panels), subplot_titles=titles, specs=specs)
+    names = list(dict.fromkeys(row[series] for row in rows))
+    for i, name in enumerate(names):
+        points = sorted((r for r in rows if r[series] == name), key=lambda r: r["rps"])
+        for col, (key, _, axis) in enumerate(panels, start=1):
+            percent = key.endswith("attainment")
             fig.add_trace(
                 go.Scatter(
                     x=[r["rps"] for r in points],
-                    y=[100 * r[key] for r in points],
+                    y=[(100 if percent else 1) * r[key] for r in points],
                     mode="lines+markers",
-                    name=policy,
-                    legendgroup=policy,
+                    name=str(name),
+                    legendgroup=str(name),
                     showlegend=col == 1,
-                    line={"color": colors[i % len(colors)]},
+                    line={"color": COLORS[i % len(COLORS)]},
                 ),
                 row=1,
                 col=col,
             )
             fig.update_xaxes(title_text="request rate (req/s)", row=1, col=col)
-            fig.update_yaxes(title_text="attainment (%)", range=[0, 105], row=1, col=col)
+            fig.update_yaxes(title_text=axis, range=[0, 105] if percent else None, row=1, col=col)
+    for i, (name, timeline) in enumerate(timelines):
+        fig.add_trace(
+            go.Scatter(
+                x=[t for t, _ in timeline],
+                y=[v for _, v in timeline],
+                mode="lines",
+                line={"shape": "hv", "color": COLORS[i % len(COLORS)], "dash": "dot"},
+                name=name,
+            ),
+            row=2,
+            col=1,
+        )
+    if timelines:
+        fig.update_xaxes(title_text="simulated time (s)", row=2, col=1)
+        fig.update_yaxes(title_text=timeline_title, row=2, col=1)
     fig.update_layout(title=f"{LABEL}: {title}", template="plotly_white")
     html = pio.to_html(fig, include_plotlyjs=True, full_html=True)
     Path(path).write_text(html)

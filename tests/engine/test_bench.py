@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shunter.engine.bench import bench_policy, bench_scheduler
+from shunter.engine.bench import bench_policy, bench_remap, bench_scheduler
 
 
 def test_bench_policy_times_planning_under_contention() -> None:
@@ -23,3 +23,13 @@ def test_bench_scheduler_prints_one_row_per_size_with_the_ratio() -> None:
     live, lvf_ms, fcfs_ms, ratio, h2d = lines[1].split()
     assert live == "16" and h2d == "0"
     assert abs(float(lvf_ms) / float(fcfs_ms) - float(ratio)) < 0.05 * float(ratio) + 0.01
+
+
+def test_bench_remap_lends_layers_with_eight_tenants() -> None:
+    lines = bench_remap(400, steps=3, warmup=10)
+    assert lines[0].split()[:3] == ["models", "live", "running"]
+    for line in lines[1:3]:
+        models, live, _, median_ms, _, _ = line.split()
+        assert (models, live) == ("8", "400") and 0.0 < float(median_ms) < 1000.0
+    assert [line.split()[2] for line in lines[1:3]] == ["256", "400"]
+    assert int(lines[2].split()[4]) > 0  # 400 requests outgrow 14 GB of KV: layers lent

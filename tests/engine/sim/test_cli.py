@@ -45,3 +45,35 @@ def test_simulate_rejects_bad_rates_and_unknown_models(capsys: pytest.CaptureFix
         main(["simulate", "--rps", "4,x"])
     with pytest.raises(ValueError, match="unknown model"):
         main(["simulate", "--model", "gpt-9", "--rps", "1", "--duration", "1"])
+
+
+def test_simulate_a_scenario_compares_variants_per_sharing_mode(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_json, out_html = tmp_path / "c2.json", tmp_path / "c2.html"
+    argv = [
+        "simulate", "--scenario", "c2", "--sharing", "temporal,spatial",
+        "--variant", "none,oneiros", "--rps", "3", "--duration", "6", "--window", "2",
+        "--json", str(out_json), "--plot", str(out_html),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("SIMULATED: scenario c2 (opt-30b 65%, opt-6.7b 15%) on gh200-96g")
+    assert "SIMULATED: per model" in printed
+    doc = json.loads(out_json.read_text())
+    assert doc["simulated"] is True and doc["config"]["hardware"] == "gh200-96g"
+    results = doc["results"]
+    assert [(r["sharing"], r["variant"]) for r in results] == [
+        ("temporal", "none"), ("temporal", "oneiros"), ("spatial", "none"), ("spatial", "oneiros"),
+    ]  # fmt: skip
+    for r in results:
+        assert r["scenario"] == "c2" and r["policy"] == "fcfs"
+        assert set(r["models"]) == {"opt-30b", "opt-6.7b"}
+        for key in ("p99_ttft_s", "p99_tpot_s", "throughput_tok_s", "slo_attainment"):
+            assert key in r["models"]["opt-30b"]
+        for key in ("gb_prefetched", "layers_remapped", "max_layers_remapped", "switches"):
+            assert key in r
+    none = [r for r in results if r["variant"] == "none"]
+    assert all(r["gb_prefetched"] == 0 and r["layers_remapped"] == [] for r in none)
+    assert "SIMULATED" in out_html.read_text()
+    assert "SIMULATED" in (tmp_path / "c2-spatial.html").read_text()
