@@ -16,27 +16,29 @@ from itertools import repeat
 from typing import cast
 
 from shunter.engine.config import EngineConfig
-from shunter.engine.memory.arena import FREE, Arena, PageOwner
+from shunter.engine.memory.arena import Arena
 from shunter.engine.memory.bounds import KvBounds
 from shunter.engine.memory.host import HostSwap
 from shunter.engine.memory.inflight import InFlight
 from shunter.engine.memory.integrity import check_table
 from shunter.engine.memory.pool import BlockPool
+from shunter.engine.memory.relocation import Relocation
 from shunter.engine.memory.table import BlockTable
 from shunter.engine.memory.weights import place_weights
-from shunter.engine.plan import BlockCopy, BlockMove, StepPlan
+from shunter.engine.plan import BlockCopy, StepPlan
 from shunter.engine.request import Request, RequestState
 
 RUNNING = RequestState.RUNNING
 
 
-class KVMemory:
+class KVMemory(Relocation):
     """Device and host KV of every model of one engine.
 
     The arena holds every model's weights; each model's pool claims chunks of the pages
     left as it needs them, within the tenants' KV floors and ceilings (``KvBounds``),
     and ``compact`` gives them back. Remapping turns weight frames (the pages of one
-    decoder layer) into free pages and back: ``release_frame``, ``vacate_frame``.
+    decoder layer) into free pages and back: ``release_frame``, ``vacate_frame``
+    (these moves of capacity are ``Relocation``'s).
 
     Verbs (each ``can_x`` answers whether ``x`` succeeds now):
       - ``allocate``: a WAITING request gets device blocks for all its tokens.
@@ -72,12 +74,12 @@ class KVMemory:
                 pool.claim_limit = self._claim_limit(pool)
             self._pools[spec.name] = pool
             self.host.register(spec.name, block_bytes)
-        self._vacating: dict[tuple[str, int], list[tuple[BlockPool, int]]] = {}
+        self._vacating: dict[tuple[str, int], list[tuple[BlockPool, int]]] = {}  # draining
         self._tables: dict[str, BlockTable] = {}
         self._unrotated: dict[str, BlockTable] = {}  # SYNCED blocks without a host copy
         self._inflight = InFlight()
         self._plan: StepPlan | None = None
-        self._moved_into: dict[str, set[int]] = {}  # model -> blocks moved into this step
+        self._moved_into: dict[str, set[int]] = {}
 
     # -- counts for the scheduler --------------------------------------------------------
     def num_blocks(self, num_tokens: int) -> int:
@@ -172,11 +174,6 @@ class KVMemory:
     @property
     def num_pending_steps(self) -> int:
         return self._inflight.num_pending_steps
-
-    def _current(self) -> StepPlan:
-        if self._plan is None:
-            raise RuntimeError("copies are planned between begin_step and end_step")
-        return self._plan
 
     # -- paired verbs ----------------------------------------------------------------------
     def can_allocate(self, request: Request) -> bool:
@@ -332,145 +329,6 @@ class KVMemory:
                 break
         return queued
 
-    def compact(self, model: str) -> int:
-        """Give the model's chunks back to the arena; return the pages given back.
-
-        Call it after the step's other verbs. Empty chunks go back at once. When the
-        model's free blocks would hold a whole chunk's, its highest chunk with live
-        blocks drains (nothing is allocated from it again) and, when none of them awaits
-        a copy, has them moved into free blocks elsewhere (``plan.moves``); their
-        sources are freed when the step completes, so a later call gives it back.
-        """
-        pool = self._pools[model]
-        released = self.release_empty(model)
-        if pool.num_held_free < pool.blocks_per_chunk:
-            return released
-        chunk = max(pool.held_chunks)
-        draining = pool.is_draining(chunk)
-        pool.drain(chunk)
-        if not self._move_out(pool, [chunk], claim=False) and not draining:
-            pool.undrain(chunk)
-        return released
-
-    def release_empty(self, model: str) -> int:
-        """Give every held chunk of the model without a used block back to the arena;
-        return the pages given back."""
-        pool = self._pools[model]
-        return pool.release_empty() * pool.pages_per_chunk
-
-    # -- weight frames (remapping) -------------------------------------------------------
-    def frame_pages(self, model: str, frame: int) -> range:
-        """The pages of decoder layer ``frame``'s weights as placed at start."""
-        return self.weights[model].layers[frame]
-
-    def frame_bytes(self, model: str) -> int:
-        """Bytes of one weight frame (every decoder layer of a model has the same)."""
-        return len(self.weights[model].layers[0]) * self.arena.page_bytes
-
-    def release_frame(self, model: str, frame: int) -> None:
-        """Hand a weight frame's pages to the KV cache (they become free pages)."""
-        self.arena.convert(self.frame_pages(model, frame), PageOwner.weights(model, frame), FREE)
-
-    def frame_costs(self, model: str, frames: Iterable[int]) -> dict[int, int]:
-        """Live KV blocks in chunks over each released frame: what taking it back moves."""
-        used = [(pool, pool.num_used_per_chunk()) for pool in self._pools.values()]
-        return {
-            f: sum(
-                counts[c]
-                for pool, counts in used
-                for c in pool.chunks_over(self.frame_pages(model, f))
-            )
-            for f in frames
-        }
-
-    def vacate_frame(self, model: str, frame: int) -> bool:
-        """Take a released frame back for weights, as far as possible this step.
-
-        Free pages of the frame become weights at once (so no pool claims them);
-        chunks over it drain, release when empty and have their live blocks moved out
-        (``plan.moves``, freed when the step completes) when they fit elsewhere and
-        none awaits a copy. Returns True once every page holds weights again: then the
-        frame may be loaded. ``cancel_vacate`` gives a partly taken frame back.
-        """
-        pages, owner = self.frame_pages(model, frame), PageOwner.weights(model, frame)
-
-        def grab() -> None:
-            self.arena.convert([p for p in pages if self.arena.owner(p) is FREE], FREE, owner)
-
-        grab()  # before any move, so no pool claims the frame's free pages
-        chunks = self._vacating.setdefault((model, frame), [])
-        chunks[:] = [(pool, c) for pool, c in chunks if pool.holds(c)]  # others emptied
-        for pool in self._pools.values():
-            for c in pool.chunks_over(pages):
-                if (pool, c) not in chunks:
-                    pool.drain(c)
-                    chunks.append((pool, c))
-        used = {pool: pool.num_used_per_chunk() for pool in {pool for pool, _ in chunks}}
-        for pool, c in list(chunks):
-            if used[pool][c] == 0:
-                pool.release(c)
-                chunks.remove((pool, c))
-        for pool in used:
-            self._move_out(pool, [c for p, c in chunks if p is pool], claim=True)
-        grab()
-        if chunks:
-            return False
-        del self._vacating[(model, frame)]
-        return True
-
-    def cancel_vacate(self, model: str, frame: int) -> None:
-        """Give back what ``vacate_frame`` took of a frame that stays released (its
-        pages holding weights become free again)."""
-        pages, owner = self.frame_pages(model, frame), PageOwner.weights(model, frame)
-        for pool, c in self._vacating.pop((model, frame), []):
-            pool.undrain(c)
-        self.arena.convert([p for p in pages if self.arena.owner(p) == owner], owner, FREE)
-
-    def _move_out(self, pool: BlockPool, chunks: list[int], *, claim: bool) -> int:
-        """Plan moves of draining chunks' live blocks into free blocks elsewhere (in
-        held chunks, or also in claimed ones with ``claim``), chunk by chunk while they
-        fit; a chunk with a block awaiting a copy stays. Returns the chunks emptied."""
-        if not chunks:
-            return 0
-        model, plan, bpc = pool.model, self._current(), pool.blocks_per_chunk
-        wanted = set(chunks)
-        owners: dict[int, list[tuple[BlockTable, int]]] = {c: [] for c in chunks}
-        for t in self._tables.values():
-            if t.model == model:
-                for i, d in enumerate(t.devices):
-                    if d // bpc in wanted:
-                        owners[d // bpc].append((t, i))
-        used = pool.num_used_per_chunk()
-        # Moves planned this step may add to each other, but a block moved here this step
-        # does not move again (one batch of moves reads every source before writing);
-        # no other copy may be in flight.
-        moved_here = self._moved_into.setdefault(model, set())
-        emptied = 0
-        for chunk in chunks:
-            blocks = owners[chunk]
-            busy = any(
-                self._fence(t.d2h_step, t.h2d_step) is not None
-                or (t.move_step != plan.step and self._inflight.is_pending(t.move_step))
-                or t.devices[i] in moved_here
-                for t, i in blocks
-            )
-            room = pool.num_free if claim else pool.num_held_free
-            if busy or len(blocks) != used[chunk] or room < len(blocks):
-                continue
-            emptied += 1
-            if not blocks:
-                continue
-            moves = plan.moves.setdefault(model, [])
-            self._inflight.touch(plan.step)
-            dsts = pool.allocate(len(blocks))
-            moved_here.update(dsts)
-            for (table, i), dst in zip(blocks, dsts, strict=True):
-                moves.append(BlockMove(table.devices[i], dst))
-                self._inflight.defer_device(plan.step, model, [table.devices[i]])
-                table.devices[i] = dst
-                table.move_step = plan.step
-        return emptied
-
     def check_integrity(self, requests: Iterable[Request]) -> None:
         """Raise AssertionError unless every pool, the host space and every table agree.
 
@@ -506,11 +364,6 @@ class KVMemory:
         """Blocks beyond those held that ``num_new_tokens`` more computed tokens need."""
         num_tokens = request.num_computed_tokens + num_new_tokens
         return -(-num_tokens // self.block_tokens) - len(self._tables[request.id].devices)
-
-    def _fence(self, *steps: int) -> int | None:
-        """The latest of ``steps`` whose copies are still in flight, if any."""
-        pending = [s for s in steps if self._inflight.is_pending(s)]
-        return max(pending) if pending else None
 
     def _release_devices(self, model: str, ids: list[int], fence: int | None) -> None:
         """Free ``ids`` now, or when step ``fence``'s copies complete."""

@@ -10,15 +10,15 @@ capacity between models.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from operator import attrgetter
 
 from shunter.engine.config import EngineConfig
 from shunter.engine.memory.manager import KVMemory
 from shunter.engine.plan import BatchEntry, StepPlan, StepResult
-from shunter.engine.remap.controller import Pressure
 from shunter.engine.remap.remapper import Remapper
 from shunter.engine.request import Request, RequestState, vlts
+from shunter.engine.sched.kv_bytes import KvBytes
 from shunter.engine.sched.policy import Policy, PolicyInput
 from shunter.engine.sched.queues import RequestQueues
 from shunter.engine.sched.tenancy import Tenancy
@@ -81,7 +81,7 @@ class Scheduler:
         self.tenancy = Tenancy(tenants, min_quantum_s=config.scheduler.turn_quantum_s)
         self.queues = {spec.name: RequestQueues() for spec in config.models}
         self.requests: dict[str, Request] = {}
-        self._block_bytes = {spec.name: memory.block_bytes(spec.name) for spec in config.models}
+        self.kv = KvBytes(memory, self.queues, config.scheduler)
         self._released: list[str] = []
         self._joining: list[Request] = []
 
@@ -135,9 +135,15 @@ class Scheduler:
         lag = self._lag(now)
         executing = self.tenancy.executing(now, self._has_work, lag)
         if self.remapper is not None:
+            pressure = self.kv.pressure(
+                executing,
+                sitting_out,
+                num_running=self.num_running,
+                rotates=self.policy.name == "lvf",
+            )
             self.remapper.plan(
                 plan,
-                self._pressure(executing, sitting_out),
+                pressure,
                 active={m for m in self.queues if self.tenancy.is_active(m)},
                 t_last_active=self.tenancy.t_last_active,
                 run_next=self.tenancy.run_next(self._has_work, lag),
@@ -262,7 +268,7 @@ class Scheduler:
         if self.policy.name == "lvf":
             # One decision over every executing model, in bytes: the policy only compares
             # costs with free memory and the budget, so any one unit serves.
-            bb = self._block_bytes
+            bb = self.kv.block_bytes
             xfer = budget * max(bb[m] for m in executing) if executing else 0
             decisions = [
                 self.policy.schedule(
@@ -277,11 +283,11 @@ class Scheduler:
                         ],
                         waiting=[r for m in executing for r in self.queues[m].waiting.values()],
                         rotary=[r for m in executing for r in self.queues[m].rotary.values()],
-                        num_free_blocks=self._free_bytes(executing),
+                        num_free_blocks=self.kv.free(executing),
                         num_free_slots=slots,
                         xfer_budget=max(0, xfer - memory.swap_bytes_in_flight),
                         blk=lambda r: memory.blk(r) * bb[r.model],
-                        blks=self._bytes_of,
+                        blks=self.kv.of,
                         can_rotate=memory.can_swap_out,
                     )
                 )
@@ -347,63 +353,6 @@ class Scheduler:
             return max(v for g in groups if g for v in vlts(g.values(), now, paused=paused))
 
         return lag
-
-    def _bytes_of(self, requests: Sequence[Request]) -> list[int]:
-        bb = self._block_bytes
-        blocks = self.memory.blks(requests)
-        return [n * bb[r.model] for r, n in zip(requests, blocks, strict=True)]
-
-    def _free_bytes(self, models: list[str]) -> int:
-        """KV bytes the executing ``models`` may allocate now: their pools' free blocks
-        and the largest claim one of them could make (claims are shared)."""
-        memory, bb = self.memory, self._block_bytes
-        held = sum(memory.num_held_free_blocks(m) * bb[m] for m in models)
-        claim = max(
-            ((memory.num_free_blocks(m) - memory.num_held_free_blocks(m)) * bb[m] for m in models),
-            default=0,
-        )
-        return held + claim
-
-    def _pressure(self, executing: list[str], sitting_out: set[str]) -> Pressure:
-        """KV bytes the executing models need this step (a block for each decode that
-        starts one, and the blocks of the waiting and rotary requests the free running
-        slots could admit, earliest arrivals first) against the free KV: what they may
-        allocate now plus the free blocks other models hold, which compaction moves
-        to them (free pages come first in every capacity order)."""
-        memory, bb, bt = self.memory, self._block_bytes, self.memory.block_tokens
-        slots = max(0, self.config.max_running - self.num_running)
-        demand = 0
-        candidates: list[Request] = []
-        for m in executing:
-            q = self.queues[m]
-            growth = sum(
-                1
-                for r in q.running.values()
-                if r.num_computed_tokens % bt == 0 and r.id not in sitting_out
-            )
-            demand += growth * bb[m]
-            candidates += q.waiting.values()
-            candidates += q.rotary.values()
-        if len(candidates) > slots:
-            candidates = heapq.nsmallest(slots, candidates, key=attrgetter("t_arr"))
-        demand += sum(self._bytes_of(candidates))
-        rotation = 0
-        if self.policy.name == "lvf" and executing:
-            # What LVF may rotate out: within B_xfer, the KV of running requests whose
-            # memory the executing models can use.
-            used = memory.blocks_used()
-            movable = sum(
-                used[m] * bb[m] for m in self.queues if m in executing or memory.above_floor(m)
-            )
-            budget = self.config.xfer_budget_blocks * max(bb[m] for m in executing)
-            rotation = min(budget, movable)
-        others = sum(
-            memory.num_held_free_blocks(m) * bb[m] for m in self.queues if m not in executing
-        )
-        # With nothing executing, the free pages all count (a model that comes next
-        # claims them).
-        free = others + (self._free_bytes(executing) if executing else memory.free_page_bytes)
-        return Pressure(demand=demand, free=free, rotation=rotation)
 
     def _preempt(self, r: Request, plan: StepPlan) -> None:
         """RUNNING -> ROTARY with its KV swapped out; without KV worth keeping or host

@@ -1,0 +1,88 @@
+"""KV in bytes across models: what requests cost, what is free, and a step's pressure.
+
+Models' blocks differ in size, so decisions that span models (LVF's one order, the
+remapping controller) count bytes. These are the scheduler's answers in that unit.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping, Sequence
+from operator import attrgetter
+
+from shunter.engine.config import SchedulerConfig
+from shunter.engine.memory.manager import KVMemory
+from shunter.engine.remap.controller import Pressure
+from shunter.engine.request import Request
+from shunter.engine.sched.queues import RequestQueues
+
+
+class KvBytes:
+    """Byte counts over ``memory`` and the per-model ``queues``."""
+
+    def __init__(
+        self, memory: KVMemory, queues: Mapping[str, RequestQueues], config: SchedulerConfig
+    ) -> None:
+        self.memory = memory
+        self.queues = queues
+        self.config = config
+        self.block_bytes = {m: memory.block_bytes(m) for m in queues}
+
+    def of(self, requests: Sequence[Request]) -> list[int]:
+        """Bytes each request holds on the device (RUNNING) or needs there."""
+        bb = self.block_bytes
+        blocks = self.memory.blks(requests)
+        return [n * bb[r.model] for r, n in zip(requests, blocks, strict=True)]
+
+    def free(self, models: Sequence[str]) -> int:
+        """Bytes ``models`` may allocate now: their pools' free blocks and the largest
+        claim one of them could make (claims are shared)."""
+        memory, bb = self.memory, self.block_bytes
+        held = sum(memory.num_held_free_blocks(m) * bb[m] for m in models)
+        claim = max(
+            ((memory.num_free_blocks(m) - memory.num_held_free_blocks(m)) * bb[m] for m in models),
+            default=0,
+        )
+        return held + claim
+
+    def pressure(
+        self, executing: Sequence[str], sitting_out: set[str], *, num_running: int, rotates: bool
+    ) -> Pressure:
+        """What the executing models need this step (a block for each decode that starts
+        one, and the blocks of the waiting and rotary requests the free running slots
+        could admit, earliest arrivals first) against the free KV: what they may
+        allocate now plus the free blocks other models hold, which compaction moves to
+        them (free pages come first in every capacity order). With ``rotates`` (LVF),
+        rotation may free the KV of running requests whose memory they can use, within
+        B_xfer."""
+        memory, bb, bt = self.memory, self.block_bytes, self.memory.block_tokens
+        slots = max(0, self.config.max_running - num_running)
+        demand = 0
+        candidates: list[Request] = []
+        for m in executing:
+            q = self.queues[m]
+            growth = sum(
+                1
+                for r in q.running.values()
+                if r.num_computed_tokens % bt == 0 and r.id not in sitting_out
+            )
+            demand += growth * bb[m]
+            candidates += q.waiting.values()
+            candidates += q.rotary.values()
+        if len(candidates) > slots:
+            candidates = heapq.nsmallest(slots, candidates, key=attrgetter("t_arr"))
+        demand += sum(self.of(candidates))
+        rotation = 0
+        if rotates and executing:
+            used = memory.blocks_used()
+            movable = sum(
+                used[m] * bb[m] for m in self.queues if m in executing or memory.above_floor(m)
+            )
+            budget = self.config.xfer_budget_blocks * max(bb[m] for m in executing)
+            rotation = min(budget, movable)
+        others = sum(
+            memory.num_held_free_blocks(m) * bb[m] for m in self.queues if m not in executing
+        )
+        # With nothing executing, the free pages all count (whoever comes next claims them).
+        free = others + (self.free(executing) if executing else memory.free_page_bytes)
+        return Pressure(demand=demand, free=free, rotation=rotation)
