@@ -7,15 +7,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     """Add the engine's subcommands to the ``shunter`` parser."""
-    from shunter.engine.exec.cli import add_bench_executor_parser, add_generate_parser
+    from shunter.engine.exec.calibrate_cli import add_calibrate_parser
+    from shunter.engine.exec.cli import (
+        add_bench_executor_parser,
+        add_bench_remap_exec_parser,
+        add_generate_parser,
+    )
+    from shunter.engine.loadgen.cli import add_bench_parsers as add_loadgen_parsers
     from shunter.engine.server.cli import add_bench_server_parser, add_engine_parser
     from shunter.engine.sim.cli import add_bench_simulator_parser, add_simulate_parser
+    from shunter.kernels.cli import add_bench_kernels_parser
+    from shunter.platform.gateway.cli import add_bench_gateway_parser
 
     add_simulate_parser(sub)
     bench = sub.add_parser(
@@ -26,10 +35,15 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     _add_bench_remap_parser(benches)
     add_bench_simulator_parser(benches)
     add_bench_executor_parser(benches)
+    add_bench_remap_exec_parser(benches)
     add_bench_server_parser(benches)
+    add_bench_gateway_parser(benches)
+    add_bench_kernels_parser(benches)
+    add_loadgen_parsers(benches)
     _add_model_commands(sub)
     add_generate_parser(sub)
     add_engine_parser(sub)
+    add_calibrate_parser(sub)
 
 
 def _add_bench_scheduler_parser(benches: argparse._SubParsersAction[Any]) -> None:
@@ -95,6 +109,11 @@ def _add_model_commands(sub: argparse._SubParsersAction[Any]) -> None:
     init.add_argument("--out", type=Path, required=True, help="directory to write (new or empty)")
     init.add_argument("--seed", type=int, default=0, help="seed of the weights (default 0)")
     init.add_argument(
+        "--layers",
+        type=int,
+        help="decoder layers instead of the config's (num_hidden_layers)",
+    )
+    init.add_argument(
         "--shard-bytes",
         type=int,
         default=DEFAULT_SHARD_BYTES,
@@ -107,6 +126,11 @@ def cmd_model_init(ns: argparse.Namespace) -> int:
     from shunter.engine.exec.model_init import init_model_dir, preset_config
 
     config = preset_config(ns.preset) if ns.preset else json.loads(ns.config.read_text())
+    if ns.layers is not None:
+        if ns.layers < 1:
+            print("shunter model init: --layers must be at least 1", file=sys.stderr)
+            return 2
+        config["num_hidden_layers"] = ns.layers
     out = init_model_dir(ns.out, config=config, seed=ns.seed, max_shard_bytes=ns.shard_bytes)
     print(f"wrote {out}")
     return 0

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from shunter.engine.config import EngineConfig
 from shunter.engine.interfaces import Clock, Executor, Transfers
 from shunter.engine.memory.manager import KVMemory
-from shunter.engine.plan import BlockCopy, StepPlan, StepResult
+from shunter.engine.plan import BlockCopies, StepPlan, StepResult
 from shunter.engine.remap.remapper import Remapper
 from shunter.engine.remap.timing import LayerTiming
 from shunter.engine.request import Request, RequestState
@@ -146,7 +146,7 @@ class EngineCore:
         schedule_s: float,
         finished: list[Request],
     ) -> StepStats:
-        def nbytes(copies: dict[str, list[BlockCopy]]) -> int:
+        def nbytes(copies: dict[str, BlockCopies]) -> int:
             return sum(len(c) * self._block_bytes[m] for m, c in copies.items())
 
         num_prefills = sum(1 for e in plan.batch if e.is_prefill)

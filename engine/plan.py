@@ -27,11 +27,36 @@ class BatchEntry(NamedTuple):
     samples: bool
 
 
-class BlockCopy(NamedTuple):
-    """One whole block-first KV block moved between the device and host tiers."""
+@dataclass
+class BlockCopies:
+    """One model's whole-block copies between the device and host tiers, one direction.
 
-    device_block: int
-    host_block: int
+    Copy ``i`` moves device block ``devices[i]`` to or from host block ``hosts[i]``
+    (block-first layout: each block is contiguous on both tiers). Two parallel id lists
+    rather than one object per copy: a step may copy thousands of blocks, and transfer
+    engines build their index tensors straight from these lists.
+    """
+
+    devices: list[int] = field(default_factory=list)
+    hosts: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if len(self.devices) != len(self.hosts):
+            raise ValueError(f"{len(self.devices)} device blocks for {len(self.hosts)} host blocks")
+
+    def extend(self, devices: list[int], hosts: list[int]) -> None:
+        """Append the copies ``devices[i] <-> hosts[i]``."""
+        if len(devices) != len(hosts):
+            raise ValueError(f"{len(devices)} device blocks for {len(hosts)} host blocks")
+        self.devices += devices
+        self.hosts += hosts
+
+    def __len__(self) -> int:
+        return len(self.devices)
+
+    def pairs(self) -> list[tuple[int, int]]:
+        """``(device, host)`` of each copy, in order."""
+        return list(zip(self.devices, self.hosts, strict=True))
 
 
 class BlockMove(NamedTuple):
@@ -96,17 +121,20 @@ class StepPlan:
     admitted: list[str] = field(default_factory=list)
     released: list[str] = field(default_factory=list)
     batch: list[BatchEntry] = field(default_factory=list)
-    swap_out: dict[str, list[BlockCopy]] = field(default_factory=dict)
-    rotate: dict[str, list[BlockCopy]] = field(default_factory=dict)
-    swap_in: dict[str, list[BlockCopy]] = field(default_factory=dict)
+    swap_out: dict[str, BlockCopies] = field(default_factory=dict)
+    rotate: dict[str, BlockCopies] = field(default_factory=dict)
+    swap_in: dict[str, BlockCopies] = field(default_factory=dict)
     moves: dict[str, list[BlockMove]] = field(default_factory=dict)
     remapped: dict[str, list[int]] = field(default_factory=dict)
     restored: dict[str, list[LayerLoad]] = field(default_factory=dict)
     streams: dict[str, SlotStream] = field(default_factory=dict)
 
-    def d2h(self, model: str) -> list[BlockCopy]:
-        """The model's whole device-to-host batch: preemption copies, then rotations."""
-        return self.swap_out.get(model, []) + self.rotate.get(model, [])
+    def d2h(self, model: str) -> BlockCopies:
+        """The model's whole device-to-host batch: preemption copies, then rotations
+        (a new object: extending it changes neither)."""
+        out = self.swap_out.get(model) or BlockCopies()
+        rot = self.rotate.get(model) or BlockCopies()
+        return BlockCopies(out.devices + rot.devices, out.hosts + rot.hosts)
 
     @property
     def num_d2h_blocks(self) -> int:

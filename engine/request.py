@@ -30,7 +30,7 @@ class RequestState(enum.Enum):
 RUNNING, WAITING = RequestState.RUNNING, RequestState.WAITING
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Request:
     """One generation request of one model.
 

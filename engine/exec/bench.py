@@ -33,7 +33,7 @@ from shunter.engine.exec.serving import DEFAULT_SLO, TorchEngine, model_specs
 from shunter.engine.exec.sizing import BLOCK_TOKENS, KVNeed, serving_config
 from shunter.engine.exec.torch_executor import ServedModel, TorchExecutor
 from shunter.engine.exec.transfers import host_swap_space, make_transfers
-from shunter.engine.plan import BatchEntry, BlockCopy, StepPlan
+from shunter.engine.plan import BatchEntry, BlockCopies, StepPlan
 from shunter.engine.request import Request
 
 PRESET = "small-llama"
@@ -180,8 +180,9 @@ def _rotation_cost(
         executor.add_request(rid, MODEL, endless)
     executor.bind(requests, tables.__getitem__)
     batch = [BatchEntry(rid, MODEL, 1, context - 1, False, True) for rid in requests]
-    out = [BlockCopy(seq_blocks + b, b) for b in range(swap_blocks)]
-    into = [BlockCopy(seq_blocks + swap_blocks + b, swap_blocks + b) for b in range(swap_blocks)]
+    b = swap_blocks
+    out = BlockCopies(list(range(seq_blocks, seq_blocks + b)), list(range(b)))
+    into = BlockCopies(list(range(seq_blocks + b, seq_blocks + 2 * b)), list(range(b, 2 * b)))
     step = 0
 
     def run(with_copies: bool) -> float:

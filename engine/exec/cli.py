@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0: {text!r}")
+    return value
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -56,6 +67,51 @@ def _positive_float(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"expected a positive number: {text!r}")
     return value
+
+
+def add_bench_arguments(
+    p: argparse.ArgumentParser,
+    *,
+    preset: str,
+    prompt_tokens: int | None = None,
+    max_tokens: int | None = None,
+    threads: int | None = None,
+    threads_help: str = "torch threads",
+    rounds: int | None = None,
+    device: bool = False,
+) -> None:
+    """Add the options the benchmarks share: ``--model`` (a model directory; default: the
+    ``preset`` written with random weights), ``--threads`` (default ``threads``; None: every
+    core), each of ``--prompt-tokens``, ``--max-tokens`` and ``--rounds`` (alternated
+    rounds) that is given a default here, and ``--device`` (cpu or cuda, default cpu)
+    when ``device``. Every count must be a positive integer."""
+    p.add_argument("--model", type=Path, help=f"a model directory (default: {preset})")
+    threads_default = f"default {threads}" if threads else "default: every core"
+    p.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=threads,
+        help=f"{threads_help} ({threads_default})",
+    )
+    counts = (
+        ("--prompt-tokens", prompt_tokens, "tokens per prompt"),
+        ("--max-tokens", max_tokens, "output tokens per request"),
+        ("--rounds", rounds, "alternated rounds"),
+    )
+    for flag, default, meaning in counts:
+        if default is not None:
+            p.add_argument(
+                flag, type=_positive_int, default=default, help=f"{meaning} (default {default})"
+            )
+    if device:
+        p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="default cpu")
+
+
+def print_report(lines: Iterable[str]) -> int:
+    """Print a benchmark's report lines as they come; the command's exit status (0)."""
+    for line in lines:
+        print(line, flush=True)
+    return 0
 
 
 def add_generate_parser(sub: argparse._SubParsersAction[Any]) -> None:
@@ -121,6 +177,25 @@ def add_generate_parser(sub: argparse._SubParsersAction[Any]) -> None:
         "every full block to host at once",
     )
     p.add_argument(
+        "--remap",
+        action="store_true",
+        help="lend decoder layers' weight memory to the KV cache under memory pressure "
+        "(parameter remapping): their layers stream from host memory during forward passes",
+    )
+    p.add_argument(
+        "--force-remap",
+        type=_count,
+        metavar="N",
+        help="remap N layers of every model (at most its layers less 2) whatever the "
+        "pressure; implies --remap",
+    )
+    p.add_argument(
+        "--force-remap-inactive",
+        action="store_true",
+        help="with --force-remap: only models not executing (temporal models without "
+        "the turn) lend their N layers",
+    )
+    p.add_argument(
         "--json",
         action="store_true",
         help="print JSON lines: one object per request in input order, then a summary",
@@ -152,36 +227,67 @@ def add_bench_executor_parser(benches: argparse._SubParsersAction[Any]) -> None:
         "generate on the same batch of prompts, (b) wall time of a decode step with B KV "
         "blocks swapped each way against one with none. Host time on this machine.",
     )
-    p.add_argument("--model", type=Path, help="a model directory (default: small-llama)")
+    add_bench_arguments(p, preset="small-llama", prompt_tokens=64, max_tokens=32, device=True)
     p.add_argument("--prompts", type=_positive_int, default=16, help="batch size (default 16)")
-    p.add_argument(
-        "--prompt-tokens", type=_positive_int, default=64, help="tokens per prompt (default 64)"
-    )
-    p.add_argument(
-        "--max-tokens", type=_positive_int, default=32, help="output tokens (default 32)"
-    )
     p.add_argument(
         "--swap-blocks",
         type=_positive_int,
         default=64,
         help="B: KV blocks swapped each way in the rotation step (default 64)",
     )
-    p.add_argument("--threads", type=_positive_int, help="torch threads (default: every core)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="default cpu")
     p.set_defaults(func=cmd_bench_executor)
 
 
 def cmd_bench_executor(ns: argparse.Namespace) -> int:
     from shunter.engine.exec.bench import bench_executor
 
-    for line in bench_executor(
-        model_dir=ns.model,
-        num_prompts=ns.prompts,
-        prompt_tokens=ns.prompt_tokens,
-        max_tokens=ns.max_tokens,
-        swap_blocks=ns.swap_blocks,
-        threads=ns.threads,
-        device=ns.device,
-    ):
-        print(line, flush=True)
-    return 0
+    return print_report(
+        bench_executor(
+            model_dir=ns.model,
+            num_prompts=ns.prompts,
+            prompt_tokens=ns.prompt_tokens,
+            max_tokens=ns.max_tokens,
+            swap_blocks=ns.swap_blocks,
+            threads=ns.threads,
+            device=ns.device,
+        )
+    )
+
+
+def add_bench_remap_exec_parser(benches: argparse._SubParsersAction[Any]) -> None:
+    """Add ``bench remap-exec``: a decode step with k layers streamed against none."""
+    p = benches.add_parser(
+        "remap-exec",
+        help="decode step time with k remapped layers streamed through slots vs none",
+        description="Write small-llama (random weights) to a temporary directory unless "
+        "--model names one, decode a batch with parameter remapping forced to k lent "
+        "layers (each forward pass copies k+1 or k+2 layers into slots) and print the "
+        "median step time against the same batch with none. Host time on this machine.",
+    )
+    add_bench_arguments(p, preset="small-llama", rounds=3, device=True)
+    p.add_argument(
+        "--lent",
+        type=lambda text: tuple(int(v) for v in text.split(",")),
+        default=(1, 2, 4),
+        metavar="K,K",
+        help="lent layer counts to time (default 1,2,4)",
+    )
+    p.add_argument("--prompts", type=_positive_int, default=8, help="batch size (default 8)")
+    p.add_argument("--steps", type=_positive_int, default=8, help="timed steps a round (default 8)")
+    p.set_defaults(func=cmd_bench_remap_exec)
+
+
+def cmd_bench_remap_exec(ns: argparse.Namespace) -> int:
+    from shunter.engine.exec.bench_remap import bench_remap_exec
+
+    return print_report(
+        bench_remap_exec(
+            model_dir=ns.model,
+            lent=ns.lent,
+            num_prompts=ns.prompts,
+            steps=ns.steps,
+            rounds=ns.rounds,
+            threads=ns.threads,
+            device=ns.device,
+        )
+    )

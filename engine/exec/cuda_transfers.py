@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from shunter.engine.exec.transfers import KVTransfers
-from shunter.engine.plan import BlockCopy, StepPlan
+from shunter.engine.plan import BlockCopies, StepPlan
 
 # Pinned host memory is registered in pieces of this size.
 REGISTER_CHUNK_BYTES = 1 << 30
@@ -191,27 +191,29 @@ class CudaTransfers(KVTransfers):
     def num_pending_steps(self) -> int:
         return len(self._pending)
 
-    def _to_host(self, model: str, copies: list[BlockCopy]) -> None:
+    def _to_host(self, model: str, copies: BlockCopies) -> None:
         kv, host = self.device_kv[model], self.host_kv[model]
         staging = _blocks_view(self._d2h_staging, kv)
-        ordered = sorted(copies, key=lambda c: c.host_block)
-        for start in range(0, len(ordered), staging.shape[0]):
-            part = ordered[start : start + staging.shape[0]]
+        devices, hosts = _by_host(copies)
+        for start in range(0, len(hosts), staging.shape[0]):
+            end = start + staging.shape[0]
+            part = hosts[start:end]
             stage = staging[: len(part)]
-            torch.index_select(kv, 0, self._index([c.device_block for c in part]), out=stage)
-            for offset, first, n in _runs([c.host_block for c in part]):
+            torch.index_select(kv, 0, self._index(devices[start:end]), out=stage)
+            for offset, first, n in _runs(part):
                 host[first : first + n].copy_(stage[offset : offset + n], non_blocking=True)
 
-    def _to_device(self, model: str, copies: list[BlockCopy]) -> None:
+    def _to_device(self, model: str, copies: BlockCopies) -> None:
         kv, host = self.device_kv[model], self.host_kv[model]
         staging = _blocks_view(self._h2d_staging, kv)
-        ordered = sorted(copies, key=lambda c: c.host_block)
-        for start in range(0, len(ordered), staging.shape[0]):
-            part = ordered[start : start + staging.shape[0]]
+        devices, hosts = _by_host(copies)
+        for start in range(0, len(hosts), staging.shape[0]):
+            end = start + staging.shape[0]
+            part = hosts[start:end]
             stage = staging[: len(part)]
-            for offset, first, n in _runs([c.host_block for c in part]):
+            for offset, first, n in _runs(part):
                 stage[offset : offset + n].copy_(host[first : first + n], non_blocking=True)
-            kv.index_copy_(0, self._index([c.device_block for c in part]), stage)
+            kv.index_copy_(0, self._index(devices[start:end]), stage)
 
     def _index(self, ids: list[int]) -> torch.Tensor:
         # Called under the copy stream: the index lives and dies on that stream.
@@ -229,6 +231,15 @@ def _blocks_view(staging: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
     block_bytes = kv[0].nbytes
     capacity = staging.numel() // block_bytes
     return staging[: capacity * block_bytes].view(kv.dtype).view(capacity, *kv.shape[1:])
+
+
+def _by_host(copies: BlockCopies) -> tuple[list[int], list[int]]:
+    """The copies' device and host ids, both in increasing host id order (stable), so
+    consecutive host ids form runs."""
+    hosts = copies.hosts
+    order = sorted(range(len(hosts)), key=hosts.__getitem__)
+    devices = copies.devices
+    return [devices[i] for i in order], [hosts[i] for i in order]
 
 
 def _runs(sorted_ids: list[int]) -> Iterator[tuple[int, int, int]]:

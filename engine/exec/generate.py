@@ -43,6 +43,9 @@ class GenerateOptions:
     device: torch.device
     hbm_budget: int | None = None
     force_rotation: bool = False
+    remap: bool = False
+    force_remap: int | None = None
+    force_remap_inactive: bool = False
     check_integrity: bool = False
 
 
@@ -68,10 +71,16 @@ def run_generate(requests: Sequence[GenerateRequest], options: GenerateOptions) 
         ],
         hbm_budget=options.hbm_budget,
         force_rotation=options.force_rotation,
+        remap=options.remap or options.force_remap is not None,
         check_integrity=options.check_integrity,
     )
     engine = TorchEngine(
-        options.models, config, device=options.device, force_rotation=options.force_rotation
+        options.models,
+        config,
+        device=options.device,
+        force_rotation=options.force_rotation,
+        force_remap=options.force_remap,
+        force_remap_inactive=options.force_remap_inactive,
     )
     ids = [
         engine.add_request(
@@ -98,6 +107,8 @@ def run_generate(requests: Sequence[GenerateRequest], options: GenerateOptions) 
         "blocks_swapped_out": totals.blocks_swapped_out,
         "blocks_swapped_in": totals.blocks_swapped_in,
         "remapped_layers_max": totals.remapped_layers_max,
+        "layers_streamed": totals.layers_streamed,
+        "layers_restored": totals.layers_restored,
         "steps": totals.steps,
     }
     return GenerateResult(outputs, summary)
@@ -185,6 +196,8 @@ def generate_from_args(ns: argparse.Namespace, *, check_integrity: bool = False)
         requests = prompt_requests(
             list(models), text=ns.prompt, ids=ns.prompt_ids, max_tokens=ns.max_tokens
         )
+    if ns.force_remap_inactive and ns.force_remap is None:
+        raise GenerateError("--force-remap-inactive applies to --force-remap N")
     params = SamplingParams(temperature=0.0 if ns.greedy else ns.temperature, seed=ns.seed)
     options = GenerateOptions(
         models=models,
@@ -192,6 +205,9 @@ def generate_from_args(ns: argparse.Namespace, *, check_integrity: bool = False)
         device=available_device(ns.device),
         hbm_budget=ns.hbm_budget,
         force_rotation=ns.force_rotation,
+        remap=ns.remap,
+        force_remap=ns.force_remap,
+        force_remap_inactive=ns.force_remap_inactive,
         check_integrity=check_integrity,
     )
     return run_generate(requests, options)

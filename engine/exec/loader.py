@@ -163,8 +163,9 @@ Allocate = Callable[[int | None, torch.Tensor], torch.Tensor]
 decoder layer it belongs to (``None``: embeddings, final norm and output head)."""
 
 
-def copy_weights(host: ModelWeights, allocate: Allocate) -> ModelWeights:
-    """A device copy of ``host`` in the storage ``allocate`` hands out, ties preserved."""
+def copy_weights(host: ModelWeights, allocate: Allocate, *, layers: bool = True) -> ModelWeights:
+    """A device copy of ``host`` in the storage ``allocate`` hands out, ties preserved
+    (without ``layers``: no decoder layer, for callers that place those themselves)."""
 
     def into(layer: int | None) -> Callable[[torch.Tensor], torch.Tensor]:
         return lambda t: allocate(layer, t).copy_(t, non_blocking=True)
@@ -172,7 +173,7 @@ def copy_weights(host: ModelWeights, allocate: Allocate) -> ModelWeights:
     embed = into(None)(host.embed)
     weights = ModelWeights(
         embed=embed,
-        layers=[layer.map(into(i)) for i, layer in enumerate(host.layers)],
+        layers=[layer.map(into(i)) for i, layer in enumerate(host.layers)] if layers else [],
         final_norm=into(None)(host.final_norm),
         lm_head=embed if host.lm_head is host.embed else into(None)(host.lm_head),
     )

@@ -8,6 +8,8 @@ computed in float32), so the same weights give the same logits.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 import torch.nn.functional as F
 
@@ -15,7 +17,7 @@ from shunter.engine.exec.batch import ForwardBatch
 from shunter.engine.exec.hf_config import ArchConfig
 from shunter.engine.exec.loader import LayerWeights, ModelWeights
 from shunter.engine.exec.rotary import RotaryEmbedding, apply_rotary
-from shunter.kernels.paged_attention import paged_attention, write_kv
+from shunter.kernels.ops import paged_attention, write_kv
 
 
 def kv_block_shape(arch: ArchConfig, block_tokens: int) -> tuple[int, ...]:
@@ -28,6 +30,32 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(x.dtype)
+
+
+class LayerSource(Protocol):
+    """Where a forward pass gets each decoder layer's weights, in layer order.
+
+    ``acquire(i)`` returns layer i's weights, readable by kernels queued on the current
+    stream from now on; ``release(i)`` says every kernel reading them is queued, so
+    their memory may be overwritten once those kernels have run.
+    """
+
+    def acquire(self, index: int) -> LayerWeights: ...
+
+    def release(self, index: int) -> None: ...
+
+
+class ResidentLayers:
+    """Every layer always in place: the weights' own tensors."""
+
+    def __init__(self, layers: list[LayerWeights]) -> None:
+        self.layers = layers
+
+    def acquire(self, index: int) -> LayerWeights:
+        return self.layers[index]
+
+    def release(self, index: int) -> None:
+        pass
 
 
 class Transformer:
@@ -46,16 +74,23 @@ class Transformer:
         self.scale = arch.head_dim**-0.5
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, kv_cache: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, batch: ForwardBatch, kv_cache: torch.Tensor, layers: LayerSource | None = None
+    ) -> torch.Tensor:
         """Write the batch's KV into ``kv_cache`` and return float32 logits
-        ``[num_sampling_chunks, vocab_size]`` after each sampling chunk's last token."""
+        ``[num_sampling_chunks, vocab_size]`` after each sampling chunk's last token.
+
+        Decoder layers come from ``layers`` (default: ``weights.layers``)."""
         if kv_cache.dtype != self.dtype or kv_cache.shape[1:3] != (self.arch.num_layers, 2):
             raise ValueError(f"kv_cache {tuple(kv_cache.shape)} {kv_cache.dtype} does not fit")
         w = self.weights
+        source = ResidentLayers(w.layers) if layers is None else layers
         hidden = F.embedding(batch.input_ids, w.embed)
         cos, sin = self.rotary.cos_sin(batch.positions, self.dtype)
-        for index, layer in enumerate(w.layers):
+        for index in range(self.arch.num_layers):
+            layer = source.acquire(index)
             hidden = self._layer(index, layer, hidden, cos, sin, batch, kv_cache)
+            source.release(index)
         last = rms_norm(hidden[batch.sample_index], w.final_norm, self.arch.rms_norm_eps)
         return F.linear(last, w.lm_head).float()
 

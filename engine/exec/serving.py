@@ -1,9 +1,10 @@
 """TorchEngine: EngineCore wired to real models, for offline generation and tests.
 
-It builds the pieces in dependency order: the models' host weights, the device arena
-and the host swap space, the transfers (two CUDA copy streams on a GPU, blocking copies
-on CPU) and the executor, the core (whose KVMemory places the weights), then the
-weights copied into their pages.
+It builds the pieces in dependency order: the models' host weights (decoder layers
+packed, one region per layer, for remapping), the device arena and the host swap space,
+the transfers (two CUDA copy streams on a GPU, blocking copies on CPU) and the executor,
+the core (whose KVMemory places the weights; with remapping on, given each model's
+measured layer copy time), then the weights copied into their pages.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from shunter.engine.config import EngineConfig, ModelSpec, SloSpec
 from shunter.engine.core import EngineCore, StepStats
 from shunter.engine.exec.arena import DeviceArena
 from shunter.engine.exec.detok import token_bytes
+from shunter.engine.exec.forced_remap import ForcedRemap
 from shunter.engine.exec.forced_rotation import ForcedRotation
 from shunter.engine.exec.hf_config import (
     ArchConfig,
@@ -29,7 +31,9 @@ from shunter.engine.exec.hf_config import (
 )
 from shunter.engine.exec.loader import TORCH_DTYPES, load_host_weights
 from shunter.engine.exec.model import Transformer, kv_block_shape
+from shunter.engine.exec.packing import PackedLayers, pack_layers
 from shunter.engine.exec.params import SamplingParams
+from shunter.engine.exec.slots import WeightFrames, measure_timing
 from shunter.engine.exec.torch_executor import ServedModel, TorchExecutor
 from shunter.engine.exec.transfers import host_swap_space, make_transfers
 from shunter.engine.interfaces import MonotonicClock
@@ -65,7 +69,9 @@ class Totals:
     copies and eager rotation), ``blocks_rotated`` the eager ones alone.
     ``remapped_layers_max`` is the most decoder layers, over all models, whose pages
     held no weights at the end of a step (parameter remapping gave them to the KV
-    cache), read from the arena's page owners.
+    cache), read from the arena's page owners. ``layers_streamed`` counts layer copies
+    into slots during forward passes, ``layers_restored`` layers loaded back into
+    frames.
     """
 
     steps: int = 0
@@ -75,6 +81,8 @@ class Totals:
     blocks_swapped_in: int = 0
     blocks_rotated: int = 0
     remapped_layers_max: int = 0
+    layers_streamed: int = 0
+    layers_restored: int = 0
 
     def add(self, stats: StepStats) -> None:
         self.steps += 1
@@ -119,7 +127,9 @@ class TorchEngine:
     ``run`` steps until no request is left. ``totals`` counts preemptions and blocks
     moved, so callers can see rotation happen. With ``force_rotation`` the scheduler's
     policy is wrapped in :class:`ForcedRotation`: requests rotate out after every step
-    they run.
+    they run. With ``force_remap`` (remapping on in ``config``) the remapping
+    controller is wrapped in :class:`ForcedRemap`: every model (``force_remap_inactive``:
+    every inactive one) lends that many layers whatever the pressure.
     """
 
     def __init__(
@@ -130,29 +140,50 @@ class TorchEngine:
         device: torch.device,
         dtype: torch.dtype | None = None,
         force_rotation: bool = False,
+        force_remap: int | None = None,
+        force_remap_inactive: bool = False,
     ) -> None:
         if config.models != model_specs(models, dtype):
             raise ValueError("config.models must be model_specs(models, dtype)")
+        if force_remap is not None and not config.remap.enabled:
+            raise ValueError("force_remap needs config.remap.enabled")
         self.arena = DeviceArena(config.num_pages, config.page_bytes, device)
         hosts, device_kv, host_kv = {}, {}, {}
+        self.packed: dict[str, PackedLayers] = {}
+        pin = device.type == "cuda"
         for name, path in models.items():
             arch = ArchConfig.from_hf(read_config(path))
             model_dtype = dtype or TORCH_DTYPES[arch.dtype]
-            pin = device.type == "cuda"
-            hosts[name] = (arch, load_host_weights(path, arch, dtype=model_dtype, pin=pin))
+            # Only the decoder layers are ever copied again: they alone are pinned.
+            host = load_host_weights(path, arch, dtype=model_dtype, pin=False)
+            self.packed[name] = pack_layers(host, pin=pin)
+            hosts[name] = (arch, host)
             shape = kv_block_shape(arch, config.block_tokens)
             device_kv[name] = self.arena.kv_cache(shape, model_dtype)
             host_kv[name] = host_swap_space(config.host_swap_bytes, shape, model_dtype, pin=pin)
         self.transfers = make_transfers(device_kv, host_kv)
         self.executor = TorchExecutor(self.transfers)
-        self.core = EngineCore(config, self.executor, self.transfers, MonotonicClock())
+        timings = None
+        if config.remap.enabled:
+            timings = {name: measure_timing(p, device) for name, p in self.packed.items()}
+        self.core = EngineCore(
+            config, self.executor, self.transfers, MonotonicClock(), timings=timings
+        )
         if force_rotation:
             # The policy is the scheduler's one seam for who runs; wrapping it leaves
             # every other part of the step loop as it is.
             self.core.scheduler.policy = ForcedRotation(self.core.scheduler.policy)
+        if force_remap is not None:
+            remapper = self.core.remapper
+            assert remapper is not None  # config.remap.enabled
+            remapper.controller = ForcedRemap(
+                remapper.controller, force_remap, inactive_only=force_remap_inactive
+            )
         for name, path in models.items():
             arch, host = hosts[name]
-            weights = self.arena.place_weights(host, self.core.memory.weights[name])
+            layout = self.core.memory.weights[name]
+            packed = self.packed[name]
+            weights = self.arena.place_weights(host, packed, layout)
             tokenizer = Tokenizer.from_file(str(Path(path) / "tokenizer.json"))
             served = ServedModel(
                 model=Transformer(arch, weights),
@@ -160,6 +191,7 @@ class TorchEngine:
                 block_tokens=config.block_tokens,
                 eos_token_ids=eos_token_ids(path),
                 token_bytes=token_bytes(tokenizer),
+                frames=WeightFrames(packed, self.arena.frames(layout, packed)),
             )
             self.executor.add_model(name, served)
         self.executor.bind(self.core.scheduler.requests, self.core.memory.block_ids)
@@ -207,6 +239,8 @@ class TorchEngine:
             self._arena_version = memory.arena.version
             self._remapped = remapped_layers(memory)
         self.totals.remapped_layers_max = max(self.totals.remapped_layers_max, self._remapped)
+        self.totals.layers_streamed = self.executor.num_layers_streamed
+        self.totals.layers_restored = self.executor.num_layers_restored
         return stats
 
     def _outputs(self, stats: StepStats) -> list[Output]:

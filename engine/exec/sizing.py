@@ -6,11 +6,12 @@ is checked against the weights and the largest request before anything loads.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from shunter.engine.config import EngineConfig, ModelSpec, RotationConfig
+from shunter.engine.config import EngineConfig, ModelSpec, RemapConfig, RotationConfig
 from shunter.engine.exec.generate_input import GenerateError
 from shunter.engine.memory.manager import KVMemory
 from shunter.engine.memory.weights import pages_for
@@ -54,6 +55,7 @@ def serving_config(
     *,
     hbm_budget: int | None = None,
     force_rotation: bool = False,
+    remap: bool = False,
     check_integrity: bool = False,
 ) -> EngineConfig:
     """The engine configuration for serving ``needs`` concurrently.
@@ -63,6 +65,10 @@ def serving_config(
     many bytes, and GenerateError says when the weights or a single request do not fit.
     Host swap space holds every request's KV, within half the machine's memory per
     model (each model has its own swap tensor).
+
+    With ``remap`` the engine lends weight layers to the KV cache (Oneiros), but
+    every request must still fit without them: how many layers a model can lend depends
+    on its timings, and a request that only fits in lent memory could wait forever.
     """
     page_bytes = page_bytes_for(specs, BLOCK_TOKENS)
     by_name = {spec.name: spec for spec in specs}
@@ -85,6 +91,9 @@ def serving_config(
             check_integrity=check_integrity,
         )
 
+    def with_remap(c: EngineConfig) -> EngineConfig:
+        return dataclasses.replace(c, remap=RemapConfig(enabled=True)) if remap else c
+
     if hbm_budget is None:
         per_model = dict.fromkeys(by_name, 0)
         for need, n in zip(needs, blocks, strict=True):
@@ -97,7 +106,7 @@ def serving_config(
         while True:
             memory = KVMemory(config(device_bytes))
             if all(memory.num_total_blocks(m) >= n for m, n in per_model.items()):
-                return config(device_bytes)
+                return with_remap(config(device_bytes))
             device_bytes += len(specs) * page_bytes
 
     try:
@@ -114,4 +123,4 @@ def serving_config(
                 f"needs {n} KV blocks of model {need.model!r}, and the model's share of the "
                 f"arena after the weights holds {memory.num_total_blocks(need.model)}"
             )
-    return config(hbm_budget)
+    return with_remap(config(hbm_budget))

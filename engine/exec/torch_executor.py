@@ -2,7 +2,9 @@
 
 Each model's weights and KV cache are views into the one DeviceArena; the block ids in
 a plan index those KV views directly. Token ids come from the live ``Request`` objects,
-block tables from KVMemory, both read through :meth:`TorchExecutor.bind`.
+block tables from KVMemory, both read through :meth:`TorchExecutor.bind`. Parameter
+remapping (the plan's ``remapped``, ``restored`` and ``streams``) changes where a
+model's layers are read from: ``slots.WeightFrames``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from shunter.engine.exec.detok import IncrementalDetokenizer
 from shunter.engine.exec.model import Transformer
 from shunter.engine.exec.params import SamplingParams, TokenLogprob
 from shunter.engine.exec.sampling import apply_penalties, request_generator, sample
+from shunter.engine.exec.slots import CopyStream, SlotPass, WeightFrames
 from shunter.engine.exec.stop import StopChecker
 from shunter.engine.exec.transfers import KVTransfers
 from shunter.engine.interfaces import Executor
@@ -29,7 +32,8 @@ from shunter.engine.request import Request
 class ServedModel:
     """A model as the executor runs it: forward pass, KV view, and what ends a request.
 
-    ``token_bytes`` is the tokenizer's byte table (``detok.token_bytes``).
+    ``token_bytes`` is the tokenizer's byte table (``detok.token_bytes``). ``frames``
+    (a model in the arena) lets plans remap its layers; without it they never move.
     """
 
     model: Transformer
@@ -37,6 +41,7 @@ class ServedModel:
     block_tokens: int
     eos_token_ids: tuple[int, ...]
     token_bytes: list[bytes]
+    frames: WeightFrames | None = None
 
 
 @dataclass
@@ -56,17 +61,26 @@ class TorchExecutor(Executor):
     :meth:`bind`, and give each request its sampling parameters with
     :meth:`add_request` before it is scheduled. A request's text and finish reason are
     readable (:meth:`output`) until a plan releases it.
+
+    ``num_layers_streamed`` and ``num_layers_restored`` count the layer copies of
+    parameter remapping so far: into slots during forward passes, and back into frames.
     """
 
     def __init__(self, transfers: KVTransfers) -> None:
         self.transfers = transfers
         self.models: dict[str, ServedModel] = {}
+        self.num_layers_streamed = 0
+        self.num_layers_restored = 0
+        self._copies: dict[torch.device, CopyStream] = {}
         self._sequences: dict[str, _Sequence] = {}
         self._requests: Mapping[str, Request] = {}
         self._block_ids: Callable[[str], list[int]] | None = None
 
     def add_model(self, name: str, served: ServedModel) -> None:
         self.models[name] = served
+        device = served.model.device
+        if device not in self._copies:
+            self._copies[device] = CopyStream(device)
 
     def bind(self, requests: Mapping[str, Request], block_ids: Callable[[str], list[int]]) -> None:
         """Where live requests (by id) and their device block tables are read from."""
@@ -110,19 +124,46 @@ class TorchExecutor(Executor):
                 src = torch.tensor([m.src for m in moves], device=kv.device)
                 dst = torch.tensor([m.dst for m in moves], device=kv.device)
                 kv[dst] = kv[src]
+        self._remap(plan)
         result = StepResult(duration_s=0.0)
+        timers: dict[str, _PassTimer] = {}
         for model, served in self.models.items():
             entries = [e for e in plan.batch if e.model == model]
             if entries:
-                self._run(served, entries, result)
-        for device in {served.model.device for served in self.models.values()}:
+                timers[model] = self._run(model, served, entries, plan, result)
+        for device, copies in self._copies.items():
             if device.type == "cuda":
-                # The compute stream only: copies on the copy streams run on.
+                # The compute stream and the weight copies (restores of models that did
+                # not run): the KV transfer streams run on.
                 torch.cuda.current_stream(device).synchronize()
+                copies.synchronize()
+        result.compute_s = {model: timer.compute_s() for model, timer in timers.items()}
         result.duration_s = time.perf_counter() - t_start
         return result
 
-    def _run(self, served: ServedModel, entries: list[BatchEntry], result: StepResult) -> None:
+    def _remap(self, plan: StepPlan) -> None:
+        """Lend the plan's frames to the KV cache and load its restored layers (after
+        the moves that vacated their frames)."""
+        for model, frames in plan.remapped.items():
+            self._frames(model).lend(frames)
+        for model, loads in plan.restored.items():
+            copies = self._copies[self.models[model].model.device]
+            self.num_layers_restored += self._frames(model).restore(loads, copies)
+
+    def _frames(self, model: str) -> WeightFrames:
+        frames = self.models[model].frames
+        if frames is None:
+            raise RuntimeError(f"model {model!r} has no weight frames to remap")
+        return frames
+
+    def _run(
+        self,
+        model: str,
+        served: ServedModel,
+        entries: list[BatchEntry],
+        plan: StepPlan,
+        result: StepResult,
+    ) -> _PassTimer:
         if self._block_ids is None:
             raise RuntimeError("TorchExecutor.bind() was not called")
         chunks = []
@@ -139,7 +180,15 @@ class TorchExecutor(Executor):
             device=served.model.device,
             sliding_window=served.model.arch.sliding_window,
         )
-        logits = served.model.forward(batch, served.kv_cache)
+        layers: SlotPass | None = None
+        if served.frames is not None:
+            schedule = served.frames.schedule(plan.streams.get(model))
+            layers = served.frames.begin(schedule, self._copies[served.model.device])
+        timer = _PassTimer(served.model.device)
+        logits = served.model.forward(batch, served.kv_cache, layers)
+        timer.stop(layers)
+        if layers is not None:
+            self.num_layers_streamed += layers.num_copies
         sampled = [e.request_id for e in entries if e.samples]
         sampling = [self._sequences[request_id] for request_id in sampled]
         params = [s.params for s in sampling]
@@ -155,6 +204,35 @@ class TorchExecutor(Executor):
             result.emitted[request_id] = token
             if seq.stop.append(token) is not None:
                 result.stopped.add(request_id)
+        return timer
+
+
+class _PassTimer:
+    """A forward pass's compute time: its span less its waits for weight copies (so a
+    stall never makes room for more remapping). On CUDA, events read after the step's
+    synchronization."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.pass_: SlotPass | None = None
+        if self.cuda:
+            self.start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            self.end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            self.start.record(torch.cuda.current_stream(device))
+        self.t0 = time.perf_counter()
+        self.t1 = self.t0
+
+    def stop(self, layers: SlotPass | None) -> None:
+        self.t1 = time.perf_counter()
+        self.pass_ = layers
+        if self.cuda:
+            self.end.record(torch.cuda.current_stream(self.device))
+
+    def compute_s(self) -> float:
+        span = self.start.elapsed_time(self.end) / 1e3 if self.cuda else self.t1 - self.t0
+        waits = self.pass_.times.wait_s() if self.pass_ is not None else 0.0
+        return max(0.0, span - waits)
 
 
 # JSON has no -inf: a token the model rules out reports this instead (as vLLM does).

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 import torch
 
 from shunter.engine.interfaces import Transfers
-from shunter.engine.plan import BlockCopy, StepPlan
+from shunter.engine.plan import BlockCopies, StepPlan
 
 
 def host_swap_space(
@@ -108,13 +108,13 @@ def make_transfers(
 
 
 def copy_blocks(
-    device_kv: torch.Tensor, host_kv: torch.Tensor, copies: list[BlockCopy], *, to_host: bool
+    device_kv: torch.Tensor, host_kv: torch.Tensor, copies: BlockCopies, *, to_host: bool
 ) -> None:
     """One batched, synchronous copy of whole blocks between the tiers."""
     if not copies:
         return
-    device_ids = torch.tensor([c.device_block for c in copies], device=device_kv.device)
-    host_ids = torch.tensor([c.host_block for c in copies], device=host_kv.device)
+    device_ids = torch.tensor(copies.devices, dtype=torch.int64, device=device_kv.device)
+    host_ids = torch.tensor(copies.hosts, dtype=torch.int64, device=host_kv.device)
     if to_host:
         host_kv[host_ids] = device_kv[device_ids].to(host_kv.device)
     else:

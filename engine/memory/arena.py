@@ -9,10 +9,15 @@ controller converts runs of weight pages to KV and back with ``convert``.
 from __future__ import annotations
 
 import enum
-import heapq
-from collections import Counter
+from bisect import bisect_left
+from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import repeat
+from operator import is_
+from typing import TypeVar
+
+_T = TypeVar("_T")
 
 
 class OwnerKind(enum.Enum):
@@ -46,8 +51,10 @@ class Arena:
 
     ``version`` changes whenever any page changes owner, so views derived from the
     ownership know when to look again. For each chunk size a block pool registers
-    (``track_chunks``), the arena keeps count of the fully free aligned chunks, so a
-    pool learns how much it may claim, and which chunks, without scanning pages.
+    (``track_chunks``), the arena keeps the sorted ids of the fully free aligned
+    chunks, so a pool learns how much it may claim, and which chunks, without scanning
+    pages; ``claim_chunks`` and ``release_chunks`` move whole chunks with list slices
+    and merges, since pools trade capacity by the chunk every step.
     """
 
     def __init__(self, num_pages: int, page_bytes: int) -> None:
@@ -58,11 +65,9 @@ class Arena:
         self.version = 0
         self._owners: list[PageOwner] = [FREE] * num_pages
         self._num_free = num_pages
-        # Per tracked chunk size: free pages per chunk, the number of fully free
-        # chunks, and a min-heap of fully free chunks (entries go stale; checked on pop).
-        self._free_in: dict[int, list[int]] = {}
-        self._num_free_chunks: dict[int, int] = {}
-        self._free_heap: dict[int, list[int]] = {}
+        # Per tracked chunk size, the fully free chunks in increasing order (claims take
+        # the lowest: a slice).
+        self._free_chunks: dict[int, list[int]] = {}
 
     @property
     def num_free_pages(self) -> int:
@@ -108,56 +113,84 @@ class Arena:
         if expect == new:
             return
         for p in pages:
-            self._owners[p] = new
-        delta = int(new == FREE) - int(expect == FREE)
-        self._num_free += len(pages) * delta
-        self.version += 1
-        if delta:
-            for size in self._free_in:
-                self._count_chunks(size, pages, delta)
+            owners[p] = new
+        self._changed(pages, int(new == FREE) - int(expect == FREE))
 
     def track_chunks(self, pages_per_chunk: int) -> None:
         """Count fully free aligned chunks of ``pages_per_chunk`` pages from now on."""
         size = pages_per_chunk
-        if size in self._free_in:
-            return
-        counts = [0] * (self.num_pages // size)
-        for c in range(len(counts)):
-            counts[c] = sum(o is FREE for o in self._owners[c * size : (c + 1) * size])
-        self._free_in[size] = counts
-        self._free_heap[size] = [c for c, n in enumerate(counts) if n == size]
-        self._num_free_chunks[size] = len(self._free_heap[size])
+        if size not in self._free_chunks:
+            self._free_chunks[size] = self._whole_free_chunks(size)
 
     def num_free_chunks(self, pages_per_chunk: int) -> int:
         """Fully free aligned chunks of a tracked size."""
-        return self._num_free_chunks[pages_per_chunk]
+        return len(self._free_chunks[pages_per_chunk])
 
-    def take_free_chunks(self, pages_per_chunk: int, n: int) -> list[int]:
-        """The ``n`` lowest fully free chunks of a tracked size, for the caller to
-        convert at once (ValueError if there are fewer)."""
-        size = pages_per_chunk
-        heap, counts = self._free_heap[size], self._free_in[size]
-        if n > self._num_free_chunks[size]:
-            raise ValueError(f"{n} free chunks of {size} pages wanted")
-        chunks: list[int] = []
-        while len(chunks) < n:
-            c = heapq.heappop(heap)
-            if counts[c] == size and (not chunks or c != chunks[-1]):  # not stale
-                chunks.append(c)
+    def claim_chunks(self, pages_per_chunk: int, n: int, owner: PageOwner) -> list[int]:
+        """Give the ``n`` lowest fully free chunks of a tracked size to ``owner``; return
+        them in increasing order (ValueError if there are fewer)."""
+        size, free = pages_per_chunk, self._free_chunks[pages_per_chunk]
+        if not 0 <= n <= len(free):
+            raise ValueError(f"{n} free chunks of {size} pages wanted, {len(free)} free")
+        chunks = free[:n]
+        del free[:n]
+        pages = _chunk_pages(size, chunks)
+        _assign(self._owners, pages, owner)
+        self._changed(pages, -1, chunks_of=(size, chunks))
         return chunks
 
-    def _count_chunks(self, size: int, pages: list[int], delta: int) -> None:
-        counts, heap = self._free_in[size], self._free_heap[size]
-        for p in pages:
-            c = p // size
-            if c >= len(counts):
-                continue
-            counts[c] += delta
-            if delta > 0 and counts[c] == size:
-                self._num_free_chunks[size] += 1
-                heapq.heappush(heap, c)
-            elif delta < 0 and counts[c] == size - 1:
-                self._num_free_chunks[size] -= 1
+    def release_chunks(self, pages_per_chunk: int, chunks: list[int], owner: PageOwner) -> None:
+        """Return whole chunks of a tracked size that ``owner`` holds to the free pages.
+        Checks every page before changing any."""
+        size = pages_per_chunk
+        pages = _chunk_pages(size, chunks)
+        owners = self._owners
+        # All in C on the common path: every page is this very owner instance.
+        if not all(map(is_, map(owners.__getitem__, pages), repeat(owner))):
+            self.convert(pages, owner, FREE)  # equal owners, or the error it raises
+            return
+        if len(set(chunks)) != len(chunks):
+            raise ValueError("release_chunks: duplicate chunks")
+        _assign(owners, pages, FREE)
+        free = self._free_chunks[size]
+        free += chunks
+        free.sort()  # two sorted runs (or a few): merged in linear time
+        self._changed(pages, 1, chunks_of=(size, chunks))
+
+    def _changed(
+        self, pages: list[int], delta: int, *, chunks_of: tuple[int, list[int]] | None = None
+    ) -> None:
+        """Pages changed owner, ``delta`` = +1 when they became free, -1 when they were
+        free and no longer are, 0 otherwise: update the counts. ``chunks_of`` says the
+        pages are whole chunks of one tracked size, whose list of free chunks the caller
+        updated."""
+        self.version += 1
+        if not delta:
+            return
+        self._num_free += len(pages) * delta
+        for size, free in self._free_chunks.items():
+            if chunks_of is None or chunks_of[0] != size:
+                self._refile(size, free, {p // size for p in pages})
+
+    def _refile(self, size: int, free: list[int], chunks: set[int]) -> None:
+        """Add to ``free`` (sorted) those of ``chunks`` now fully free, and drop the others."""
+        owners = self._owners
+        for c in sorted(chunks):
+            if (c + 1) * size > self.num_pages:
+                continue  # the partial chunk at the end is never claimed
+            whole = all(o is FREE for o in owners[c * size : (c + 1) * size])
+            i = bisect_left(free, c)
+            listed = i < len(free) and free[i] == c
+            if whole and not listed:
+                free.insert(i, c)
+            elif listed and not whole:
+                del free[i]
+
+    def _whole_free_chunks(self, size: int) -> list[int]:
+        """Every fully free aligned chunk of ``size`` pages, by scanning the pages."""
+        free_flags = [o is FREE for o in self._owners[: self.num_pages // size * size]]
+        chunks = zip(*[iter(free_flags)] * size, strict=True)
+        return [c for c, flags in enumerate(chunks) if all(flags)]
 
     def find_free_run(self, num_pages: int, *, from_top: bool = False) -> int | None:
         """First page of a run of ``num_pages`` free pages (lowest, or highest)."""
@@ -172,13 +205,20 @@ class Arena:
         free = sum(free_flags)
         if free != self._num_free:
             raise AssertionError(f"arena counts {self._num_free} free pages, holds {free}")
-        for size, counts in self._free_in.items():
-            chunks = zip(*[iter(free_flags[: len(counts) * size])] * size, strict=True)
-            actual = list(map(sum, chunks))
-            if actual != counts:
-                raise AssertionError(f"free pages per chunk of {size} pages miscounted")
-            if self._num_free_chunks[size] != counts.count(size):
-                raise AssertionError(f"free chunks of {size} pages miscounted")
+        for size, chunks in self._free_chunks.items():
+            if chunks != self._whole_free_chunks(size):
+                raise AssertionError(f"free chunks of {size} pages misfiled")
         for p, (o, free) in enumerate(zip(self._owners, free_flags, strict=True)):
             if free != (o.model is None):
                 raise AssertionError(f"page {p}: malformed owner {o}")
+
+
+def _chunk_pages(size: int, chunks: list[int]) -> list[int]:
+    """The pages of aligned chunks of ``size`` pages."""
+    return chunks if size == 1 else [p for c in chunks for p in range(c * size, (c + 1) * size)]
+
+
+def _assign(items: list[_T], indices: list[int], value: _T) -> None:
+    """``items[i] = value`` for every ``i`` in ``indices``, looped in C (a zero-length
+    deque drains the map): pools move hundreds of chunks a step."""
+    deque(map(items.__setitem__, indices, repeat(value)), maxlen=0)

@@ -26,6 +26,14 @@ class InFlight:
     def is_pending(self, step: int) -> bool:
         return step in self._incomplete
 
+    def latest_pending(self, *steps: int) -> int | None:
+        """The latest of ``steps`` whose copies are still in flight, if any."""
+        incomplete, latest = self._incomplete, None
+        for s in steps:
+            if s in incomplete and (latest is None or s > latest):
+                latest = s
+        return latest
+
     def touch(self, step: int) -> None:
         """Step ``step`` carries a copy or a move: fence it until it completes."""
         self._incomplete.add(step)
@@ -35,7 +43,9 @@ class InFlight:
         (swap-ins and preemptions, not eager rotation): fence it, and count them until
         it completes."""
         self._incomplete.add(step)
-        counts = self._swap_blocks.setdefault(step, {})
+        counts = self._swap_blocks.get(step)
+        if counts is None:
+            counts = self._swap_blocks[step] = {}
         counts[model] = counts.get(model, 0) + num_blocks
 
     def num_swap_blocks(self) -> dict[str, int]:
@@ -49,13 +59,33 @@ class InFlight:
     def land(self, table: BlockTable, end: int, step: int) -> None:
         """D2H copies of ``step`` make the table's host copies valid up to ``end``."""
         self._incomplete.add(step)
-        self._landing.setdefault(step, []).append((table, end))
+        landing = self._landing.get(step)
+        if landing is None:
+            landing = self._landing[step] = []
+        landing.append((table, end))
+
+    def copy_out(self, step: int, table: BlockTable, end: int, sources: list[int]) -> None:
+        """A preemption's D2H copies in ``step``: the table's ``sources`` device blocks,
+        its blocks up to ``end``. They count as swap copies (``count_swaps``), make its
+        host copies valid up to ``end`` when they land (``land``), and free ``sources``
+        then (``defer_device``). One call: LVF preempts many requests every step."""
+        self._incomplete.add(step)
+        landing = self._landing.get(step)
+        if landing is None:
+            landing = self._landing[step] = []
+        landing.append((table, end))
+        model = table.model
+        counts = self._swap_blocks.get(step)
+        if counts is None:
+            counts = self._swap_blocks[step] = {}
+        counts[model] = counts.get(model, 0) + len(sources)
+        _defer(self._device_frees, step, model, sources)
 
     def defer_device(self, step: int, model: str, ids: list[int]) -> None:
-        self._device_frees.setdefault(step, {}).setdefault(model, []).extend(ids)
+        _defer(self._device_frees, step, model, ids)
 
     def defer_host(self, step: int, model: str, ids: list[int]) -> None:
-        self._host_frees.setdefault(step, {}).setdefault(model, []).extend(ids)
+        _defer(self._host_frees, step, model, ids)
 
     def complete(self, step: int) -> tuple[Frees, Frees]:
         """Lift the fences of ``step``; return its deferred (device, host) frees."""
@@ -85,3 +115,16 @@ class InFlight:
     @property
     def num_pending_steps(self) -> int:
         return len(self._incomplete)
+
+
+def _defer(frees: dict[int, Frees], step: int, model: str, ids: list[int]) -> None:
+    # Plain lookups, not setdefault: that would build two containers per call, and a
+    # step defers frees for every preempted request.
+    by_model = frees.get(step)
+    if by_model is None:
+        by_model = frees[step] = {}
+    deferred = by_model.get(model)
+    if deferred is None:
+        by_model[model] = list(ids)
+    else:
+        deferred += ids

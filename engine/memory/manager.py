@@ -11,9 +11,7 @@ and ``end_step``; ``complete`` applies what the transfer engine reports done.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator
-from itertools import repeat
-from typing import cast
+from collections.abc import Callable, Iterable
 
 from shunter.engine.config import EngineConfig
 from shunter.engine.memory.arena import Arena
@@ -25,7 +23,7 @@ from shunter.engine.memory.pool import BlockPool
 from shunter.engine.memory.relocation import Relocation
 from shunter.engine.memory.table import BlockTable
 from shunter.engine.memory.weights import place_weights
-from shunter.engine.plan import BlockCopy, StepPlan
+from shunter.engine.plan import BlockCopies, StepPlan
 from shunter.engine.request import Request, RequestState
 
 RUNNING = RequestState.RUNNING
@@ -69,11 +67,11 @@ class KVMemory(Relocation):
         self._pools: dict[str, BlockPool] = {}
         for spec in config.models:
             block_bytes = spec.block_bytes(config.block_tokens)
-            pool = BlockPool(self.arena, spec.name, block_bytes)
-            if not self.bounds.unbounded:
-                pool.claim_limit = self._claim_limit(pool)
-            self._pools[spec.name] = pool
+            self._pools[spec.name] = BlockPool(self.arena, spec.name, block_bytes)
             self.host.register(spec.name, block_bytes)
+        self.set_bounds(self.bounds)
+        self._block_bytes = {m: pool.block_bytes for m, pool in self._pools.items()}
+        self._one_block = dict.fromkeys(self._pools, 1)
         self._vacating: dict[tuple[str, int], list[tuple[BlockPool, int]]] = {}  # draining
         self._tables: dict[str, BlockTable] = {}
         self._unrotated: dict[str, BlockTable] = {}  # SYNCED blocks without a host copy
@@ -92,14 +90,23 @@ class KVMemory(Relocation):
         """Free blocks in chunks the model's pool holds (not counting claimable ones)."""
         return self._pools[model].num_held_free
 
-    def num_total_blocks(self, model: str) -> int:
+    def set_bounds(self, bounds: KvBounds) -> None:
+        """Replace the KV floors and ceilings. They bound claims from now on: a model
+        above a new ceiling keeps what it holds and claims nothing more, and a new floor
+        is kept from the free pages the model does not hold yet."""
+        self.bounds = bounds
+        for pool in self._pools.values():
+            pool.claim_limit = None if bounds.unbounded else self._claim_limit(pool)
+
+    def num_total_blocks(self, model: str, bounds: KvBounds | None = None) -> int:
         """The most blocks the model could ever hold: the KV pages (every page not
         holding weights at start, plus the weights remapping may lend) less the other
-        models' floors, within its ceiling."""
-        pool = self._pools[model]
-        others = sum(f for m, f in self.bounds.floors.items() if m != model)
+        models' floors, within its ceiling (of ``bounds`` instead of the current ones
+        when given)."""
+        pool, bounds = self._pools[model], self.bounds if bounds is None else bounds
+        others = sum(f for m, f in bounds.floors.items() if m != model)
         room = self._kv_bytes - others
-        ceiling = self.bounds.ceilings.get(model)
+        ceiling = bounds.ceilings.get(model)
         if ceiling is not None:
             room = min(room, ceiling)
         return max(0, room) // pool.chunk_bytes * pool.blocks_per_chunk
@@ -144,11 +151,11 @@ class KVMemory(Relocation):
 
     def blks(self, requests: Iterable[Request]) -> list[int]:
         """``blk`` of each request, in one pass: LVF asks for every candidate's each step."""
-        tables, bt = self._tables, self.block_tokens
-        return [
-            len(tables[r.id].devices) if r.state is RUNNING else -(-r.num_tokens // bt)
-            for r in requests
-        ]
+        return self._sizes(requests, self._one_block)
+
+    def blks_bytes(self, requests: Iterable[Request]) -> list[int]:
+        """``blks`` in bytes: each request's blocks times its model's block size."""
+        return self._sizes(requests, self._block_bytes)
 
     def block_ids(self, request_id: str) -> list[int]:
         """Device block ids of a RUNNING request, in token order (for executors)."""
@@ -188,6 +195,7 @@ class KVMemory(Relocation):
         self._tables[request.id] = table
 
     def can_append(self, request: Request, num_new_tokens: int) -> bool:
+        """Whether blocks for ``num_new_tokens`` more computed tokens are held or free."""
         need = self._num_append_blocks(request, num_new_tokens)
         return need <= 0 or self._pools[request.model].can_allocate(need)
 
@@ -196,36 +204,53 @@ class KVMemory(Relocation):
         if need > 0:
             self._tables[request.id].devices += self._pools[request.model].allocate(need)
 
+    def num_append_blocks(self, requests: Iterable[Request], num_new_tokens: int) -> list[int]:
+        """For each RUNNING request, the blocks beyond those it holds that
+        ``num_new_tokens`` more computed tokens need (<= 0: none, ``append`` is a no-op).
+        One pass: the scheduler asks for every decode of every step, and only the few
+        that start a block need ``can_append`` / ``append``."""
+        tables, bt = self._tables, self.block_tokens
+        return [
+            -(-(r.num_computed_tokens + num_new_tokens) // bt) - len(tables[r.id].devices)
+            for r in requests
+        ]
+
     def can_swap_out(self, request: Request) -> bool:
         table = self._tables[request.id]
-        need = self.num_blocks(request.num_computed_tokens) - len(table.hosts)
-        return self.host.can_allocate(request.model, max(0, need))
+        need = -(-request.num_computed_tokens // self.block_tokens) - len(table.hosts)
+        return need <= 0 or self.host.can_allocate(request.model, need)
 
-    def swap_out(self, request: Request) -> None:
+    def swap_out(self, request: Request) -> bool:
+        """RUNNING -> ROTARY (see the class docstring); returns whether its host copies
+        have all landed, so that it may swap in again (``has_landed``)."""
         table = self._tables[request.id]
-        model, plan, devices, hosts = table.model, self._current(), table.devices, table.hosts
-        keep = self.num_blocks(request.num_computed_tokens)
+        plan = self._plan
+        if plan is None:
+            raise RuntimeError("copies are planned between begin_step and end_step")
+        model, devices, hosts = table.model, table.devices, table.hosts
+        keep = -(-request.num_computed_tokens // self.block_tokens)
         valid, copied = table.num_host_valid, table.num_host_copied
         if keep > len(hosts):
             hosts += self.host.allocate(model, keep - len(hosts))
         # Blocks with a valid host copy go now (unless an H2D copy or a move still writes
         # them); landing blocks go when their copies land, newly copied ones when this
         # step's copies complete.
-        written = self._fence(table.h2d_step, table.move_step)
+        inflight = self._inflight
+        h2d, move = table.h2d_step, table.move_step
+        written = inflight.latest_pending(h2d, move)
         self._release_devices(model, devices[:valid] + devices[keep:], written)
         if valid < copied:
-            landing = self._fence(table.d2h_step, table.h2d_step, table.move_step)
+            landing = inflight.latest_pending(table.d2h_step, h2d, move)
             self._release_devices(model, devices[valid:copied], landing)
         if copied < keep:
-            copies = _copies(devices[copied:keep], hosts[copied:keep])
-            plan.swap_out.setdefault(model, []).extend(copies)
-            self._inflight.land(table, keep, plan.step)
-            self._inflight.count_swaps(plan.step, model, keep - copied)
-            self._release_devices(model, devices[copied:keep], plan.step)
+            sources = devices[copied:keep]
+            _batch(plan.swap_out, model).extend(sources, hosts[copied:keep])
+            inflight.copy_out(plan.step, table, keep, sources)
             table.d2h_step = plan.step
         table.num_host_copied = keep
         table.devices = []
         self._unrotated.pop(table.request_id, None)
+        return not inflight.is_pending(table.d2h_step)
 
     def has_landed(self, request: Request) -> bool:
         """Whether a ROTARY request's host copies are all complete (it may swap in)."""
@@ -249,19 +274,36 @@ class KVMemory(Relocation):
         return sum(n * self._pools[m].block_bytes for m, n in counts.items())
 
     def can_swap_in(self, request: Request) -> bool:
-        pool = self._pools[request.model]
-        return self.has_landed(request) and pool.can_allocate(self.blk(request))
+        table = self._tables[request.id]
+        if self._inflight.is_pending(table.d2h_step):  # not landed
+            return False
+        return self._pools[table.model].can_allocate(-(-request.num_tokens // self.block_tokens))
 
     def swap_in(self, request: Request) -> None:
         """Device blocks for all the request's tokens; H2D copies for those with KV."""
-        if not self.has_landed(request):
-            raise RuntimeError(f"request {request.id!r}: its host copies have not landed")
         table = self._tables[request.id]
-        model, plan = table.model, self._current()
-        devices = self._pools[model].allocate(self.blk(request))
-        copies = _copies(devices[: len(table.hosts)], table.hosts)
-        plan.swap_in.setdefault(model, []).extend(copies)
-        self._inflight.count_swaps(plan.step, model, len(table.hosts))
+        if self._inflight.is_pending(table.d2h_step):
+            raise RuntimeError(f"request {request.id!r}: its host copies have not landed")
+        pool = self._pools[table.model]
+        self._swap_in(table, pool.allocate(-(-request.num_tokens // self.block_tokens)))
+
+    def try_swap_in(self, request: Request) -> bool:
+        """``swap_in`` if ``can_swap_in``; returns whether it did. (One table lookup and
+        one fence check: LVF brings many requests back every step.)"""
+        table = self._tables[request.id]
+        if self._inflight.is_pending(table.d2h_step):  # not landed
+            return False
+        pool = self._pools[table.model]
+        need = -(-(request.prompt_tokens + request.num_output_tokens) // self.block_tokens)
+        if not pool.can_allocate(need):
+            return False
+        self._swap_in(table, pool.allocate(need))
+        return True
+
+    def _swap_in(self, table: BlockTable, devices: list[int]) -> None:
+        model, plan, hosts = table.model, self._current(), table.hosts
+        _batch(plan.swap_in, model).extend(devices[: len(hosts)], hosts)
+        self._inflight.count_swaps(plan.step, model, len(hosts))
         table.devices = devices
         table.h2d_step = plan.step
 
@@ -317,8 +359,7 @@ class KVMemory(Relocation):
                 if not self.host.can_allocate(model, end - len(table.hosts)):
                     break
                 table.hosts += self.host.allocate(model, end - len(table.hosts))
-            copies = _copies(table.devices[start:end], table.hosts[start:end])
-            plan.rotate.setdefault(model, []).extend(copies)
+            _batch(plan.rotate, model).extend(table.devices[start:end], table.hosts[start:end])
             self._inflight.land(table, end, plan.step)
             table.d2h_step = plan.step
             table.num_host_copied = end
@@ -360,6 +401,20 @@ class KVMemory(Relocation):
 
         return limit
 
+    def _sizes(self, requests: Iterable[Request], unit: dict[str, int]) -> list[int]:
+        """``blk`` of each request times ``unit[model]``, in one pass (``num_tokens``
+        inlined: a property call per request would be most of the cost)."""
+        tables, bt = self._tables, self.block_tokens
+        return [
+            (
+                len(tables[r.id].devices)
+                if r.state is RUNNING
+                else -(-(r.prompt_tokens + r.num_output_tokens) // bt)
+            )
+            * unit[r.model]
+            for r in requests
+        ]
+
     def _num_append_blocks(self, request: Request, num_new_tokens: int) -> int:
         """Blocks beyond those held that ``num_new_tokens`` more computed tokens need."""
         num_tokens = request.num_computed_tokens + num_new_tokens
@@ -375,7 +430,9 @@ class KVMemory(Relocation):
             self._inflight.defer_device(fence, model, ids)
 
 
-def _copies(devices: list[int], hosts: list[int]) -> Iterator[BlockCopy]:
-    # tuple.__new__ builds the named tuples in C: this is the hot loop of a rotation.
-    pairs = zip(devices, hosts, strict=True)
-    return cast(Iterator[BlockCopy], map(tuple.__new__, repeat(BlockCopy), pairs))
+def _batch(copies: dict[str, BlockCopies], model: str) -> BlockCopies:
+    """The model's batch in ``copies``, created empty on first use."""
+    batch = copies.get(model)
+    if batch is None:
+        batch = copies[model] = BlockCopies()
+    return batch

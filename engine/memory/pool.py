@@ -10,9 +10,11 @@ whole number of both. A chunk's pages are a KV slab of this model while the pool
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
+from itertools import filterfalse
 
-from shunter.engine.memory.arena import FREE, Arena, PageOwner
+from shunter.engine.memory.arena import Arena, PageOwner
 
 
 class BlockPool:
@@ -108,10 +110,19 @@ class BlockPool:
         return used
 
     def empty_chunks(self) -> list[int]:
-        """Held chunks none of whose blocks is used."""
-        if not self._chunks:
-            return []
-        return sorted(c for c, n in self.num_used_per_chunk().items() if n == 0)
+        """Held chunks none of whose blocks is used, lowest first.
+
+        Counts the free blocks per chunk rather than the used ones: a pass over the free
+        blocks, not over every held chunk."""
+        bpc = self.blocks_per_chunk
+        if bpc == 1:  # block ids are chunk ids: every free block is an empty chunk
+            empty = self._free.copy()
+        else:
+            free_in = Counter(map(bpc.__rfloordiv__, self._free))
+            empty = [c for c, n in free_in.items() if n == bpc]
+        empty += [c for c, drained in self._draining.items() if len(drained) == bpc]
+        empty.sort()
+        return empty
 
     def holds(self, chunk: int) -> bool:
         return chunk in self._chunks
@@ -128,7 +139,8 @@ class BlockPool:
 
     # -- paired verbs -----------------------------------------------------------------
     def can_allocate(self, n: int) -> bool:
-        return n <= self.num_free
+        # Held free blocks first: counting claimable chunks asks the arena.
+        return n <= len(self._free) or n <= self.num_free
 
     def allocate(self, n: int) -> list[int]:
         """``n`` free blocks. Raises MemoryError if there are fewer."""
@@ -157,12 +169,14 @@ class BlockPool:
         model."""
         if num_chunks > self.num_claimable:
             raise MemoryError(f"model {self.model!r}: too few free blocks")
-        chunks = self.arena.take_free_chunks(self.pages_per_chunk, num_chunks)
-        pages = [p for c in chunks for p in self.chunk_pages(c)]
-        self.arena.convert(pages, FREE, self.owner)
+        chunks = self.arena.claim_chunks(self.pages_per_chunk, num_chunks, self.owner)
         self._chunks.update(chunks)
         # Under the blocks already free, lowest id on top: those go first.
-        self._free[:0] = [b for c in reversed(chunks) for b in reversed(self.chunk_blocks(c))]
+        chunks.reverse()
+        if self.blocks_per_chunk == 1:
+            self._free[:0] = chunks
+        else:
+            self._free[:0] = [b for c in chunks for b in reversed(self.chunk_blocks(c))]
 
     def release(self, chunk: int) -> None:
         """Return a held chunk whose blocks are all free to the arena."""
@@ -170,22 +184,35 @@ class BlockPool:
             raise ValueError(f"chunk {chunk} of {self.model!r} still has used blocks")
         self._give_back([chunk])
 
-    def release_empty(self) -> int:
-        """Return every held chunk none of whose blocks is used; the chunks returned."""
+    def release_empty(self, max_chunks: int | None = None) -> int:
+        """Return held chunks none of whose blocks is used, at most ``max_chunks`` of
+        them (every one without): draining ones first (nothing is allocated from them),
+        then the highest. Returns the chunks returned."""
         chunks = self.empty_chunks()
+        if max_chunks is not None and len(chunks) > max_chunks:
+            if self._draining:
+                chunks.sort(key=lambda c: (c in self._draining, c))
+            chunks = chunks[len(chunks) - max(0, max_chunks) :]
         self._give_back(chunks)
         return len(chunks)
 
     def _give_back(self, chunks: list[int]) -> None:
         if not chunks:
             return
+        if not self._chunks.issuperset(chunks):
+            raise ValueError(f"{self.model!r} gives back chunks it does not hold")
+        self.arena.release_chunks(self.pages_per_chunk, chunks, self.owner)
         gone = set(chunks)
         self._chunks -= gone
-        undrained = [c for c in chunks if self._draining.pop(c, None) is None]
-        if undrained:
+        draining = self._draining
+        if draining:
+            gone.difference_update([c for c in chunks if draining.pop(c, None) is not None])
+        if gone:
             bpc = self.blocks_per_chunk
-            self._free = [b for b in self._free if b // bpc not in gone]
-        self.arena.convert([p for c in chunks for p in self.chunk_pages(c)], self.owner, FREE)
+            if bpc == 1:  # block ids are chunk ids: the filter runs in C
+                self._free = list(filterfalse(gone.__contains__, self._free))
+            else:
+                self._free = [b for b in self._free if b // bpc not in gone]
 
     def drain(self, chunk: int) -> None:
         """Stop allocating from a held chunk, so that it empties."""

@@ -32,25 +32,31 @@ class Relocation:
     _moved_into: dict[str, set[int]]  # model -> blocks moved into this step
     _vacating: dict[tuple[str, int], list[tuple[BlockPool, int]]]
 
-    def compact(self, model: str) -> int:
-        """Give the model's chunks back to the arena; return the pages given back.
+    def compact(self, model: str, num_bytes: int | None = None) -> int:
+        """Give the model's chunks back to the arena, enough for ``num_bytes`` (what the
+        others lack; everything it can without); return the pages given back.
 
-        Call it after the step's other verbs. Empty chunks go back at once. When the
-        model's free blocks would hold a whole chunk's, its highest chunk with live
-        blocks drains (nothing is allocated from it again) and, when none of them awaits
-        a copy, has them moved into free blocks elsewhere (``plan.moves``); their
-        sources are freed when the step completes, so a later call gives it back.
+        Call it after the step's other verbs. Empty chunks go back at once, the highest
+        first, as many as ``num_bytes`` needs: the rest stay with the model, so an idle
+        model keeps its capacity until another needs it, and no chunk is given back only
+        to be claimed again. When that is not enough and the model's free blocks would
+        hold a whole chunk's, its highest chunk with live blocks drains (nothing is
+        allocated from it again) and, when none of them awaits a copy, has them moved
+        into free blocks elsewhere (``plan.moves``); their sources are freed when the
+        step completes, so a later call gives it back.
         """
         pool = self._pools[model]
-        released = self.release_empty(model)
-        if pool.num_held_free < pool.blocks_per_chunk:
-            return released
+        limit = None if num_bytes is None else -(-num_bytes // pool.chunk_bytes)
+        released = pool.release_empty(limit)
+        covered = limit is not None and released >= limit
+        if covered or pool.num_held_free < pool.blocks_per_chunk:
+            return released * pool.pages_per_chunk
         chunk = max(pool.held_chunks)
         draining = pool.is_draining(chunk)
         pool.drain(chunk)
         if not self._move_out(pool, [chunk], claim=False) and not draining:
             pool.undrain(chunk)
-        return released
+        return released * pool.pages_per_chunk
 
     def release_empty(self, model: str) -> int:
         """Give every held chunk of the model without a used block back to the arena;
@@ -105,11 +111,18 @@ class Relocation:
                 if (pool, c) not in chunks:
                     pool.drain(c)
                     chunks.append((pool, c))
-        used = {pool: pool.num_used_per_chunk() for pool in {pool for pool, _ in chunks}}
+        # Pools in the order of their first chunk, not a set's: a set of pools iterates
+        # by object address, and the order pools move out in decides which blocks each
+        # claims, so runs would differ from process to process.
+        used = {pool: pool.num_used_per_chunk() for pool in dict.fromkeys(p for p, _ in chunks)}
         for pool, c in list(chunks):
             if used[pool][c] == 0:
                 pool.release(c)
                 chunks.remove((pool, c))
+        # The chunks just given back are free pages of the frame: they become weights
+        # before any move claims chunks, or the moves would claim them and put the live
+        # blocks back into the frame, to be moved out again next step, and so forever.
+        grab()
         for pool in used:
             self._move_out(pool, [c for p, c in chunks if p is pool], claim=True)
         grab()
@@ -179,5 +192,4 @@ class Relocation:
 
     def _fence(self, *steps: int) -> int | None:
         """The latest of ``steps`` whose copies are still in flight, if any."""
-        pending = [s for s in steps if self._inflight.is_pending(s)]
-        return max(pending) if pending else None
+        return self._inflight.latest_pending(*steps)

@@ -50,10 +50,23 @@ class Remapper:
         self._vacating: set[tuple[str, int]] = set()
         self._pending: dict[str, int] = {}  # targets whose frames are still vacating
 
+    def set_priorities(self, priority: Mapping[str, int]) -> None:
+        """Replace the models' priorities (which model lends layers first) from the
+        next step on; the layers lent stay lent until the controller decides again."""
+        if set(priority) != set(self.priority):
+            raise ValueError(f"priorities of {sorted(self.priority)} wanted")
+        self.priority = dict(priority)
+
     @property
     def is_vacating(self) -> bool:
         """Whether frames are on their way back from the KV cache."""
         return bool(self._vacating)
+
+    @property
+    def vacating_bytes(self) -> int:
+        """Bytes of the frames on their way back: capacity the KV cache must make room
+        for elsewhere."""
+        return sum(self.memory.frame_bytes(model) for model, _ in self._vacating)
 
     def alpha(self) -> dict[str, int]:
         """Layers remapped per model now."""
@@ -97,7 +110,7 @@ class Remapper:
             target = targets.get(state.name)
             if target is not None and target != state.alpha:
                 self._apply(plan, state, target, vacating)
-        for model, frame in self._vacating - vacating:
+        for model, frame in sorted(self._vacating - vacating):  # sorted: not hash order
             if frame in self.maps[model].reclaimed:  # not taken back after all
                 self.memory.cancel_vacate(model, frame)
         self._vacating = vacating

@@ -30,9 +30,7 @@ class KvBytes:
 
     def of(self, requests: Sequence[Request]) -> list[int]:
         """Bytes each request holds on the device (RUNNING) or needs there."""
-        bb = self.block_bytes
-        blocks = self.memory.blks(requests)
-        return [n * bb[r.model] for r, n in zip(requests, blocks, strict=True)]
+        return self.memory.blks_bytes(requests)
 
     def free(self, models: Sequence[str]) -> int:
         """Bytes ``models`` may allocate now: their pools' free blocks and the largest

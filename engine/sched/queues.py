@@ -7,7 +7,10 @@ from dataclasses import dataclass, field
 
 from shunter.engine.request import Request, RequestState
 
-ROTARY = RequestState.ROTARY
+# Module constants: an enum member looked up on its class costs a Python-level call,
+# and ``move`` runs for every request that changes state.
+WAITING, RUNNING, ROTARY = RequestState.WAITING, RequestState.RUNNING, RequestState.ROTARY
+FINISHED = RequestState.FINISHED
 
 
 @dataclass
@@ -29,9 +32,9 @@ class RequestQueues:
         return len(self.waiting) + len(self.running) + len(self.rotary) + len(self.landing)
 
     def of(self, state: RequestState) -> dict[str, Request]:
-        if state is RequestState.WAITING:
+        if state is WAITING:
             return self.waiting
-        if state is RequestState.RUNNING:
+        if state is RUNNING:
             return self.running
         if state is ROTARY:
             return self.rotary
@@ -43,13 +46,23 @@ class RequestQueues:
     def move(self, request: Request, state: RequestState, *, landing: bool = False) -> None:
         """Move ``request`` to ``state``'s queue (``landing`` for a ROTARY request whose
         copies are in flight) and set its state."""
-        if request.state is ROTARY and request.id in self.landing:
-            del self.landing[request.id]
+        # RUNNING first: LVF moves many requests in and out of it every step.
+        rid, old = request.id, request.state
+        if old is RUNNING:
+            del self.running[rid]
+        elif old is ROTARY and rid in self.landing:
+            del self.landing[rid]
         else:
-            del self.of(request.state)[request.id]
+            del self.of(old)[rid]
         request.state = state
-        if state is not RequestState.FINISHED:
-            (self.landing if landing else self.of(state))[request.id] = request
+        if state is FINISHED:
+            return
+        if landing:
+            self.landing[rid] = request
+        elif state is RUNNING:
+            self.running[rid] = request
+        else:
+            self.of(state)[rid] = request
 
     def land(self, has_landed: Callable[[Request], bool]) -> None:
         """Move landing requests whose copies completed to ``rotary``, in order."""

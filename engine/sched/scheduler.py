@@ -10,10 +10,11 @@ capacity between models.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from operator import attrgetter
 
-from shunter.engine.config import EngineConfig
+from shunter.engine.config import EngineConfig, TenantSpec
+from shunter.engine.memory.bounds import KvBounds
 from shunter.engine.memory.manager import KVMemory
 from shunter.engine.plan import BatchEntry, StepPlan, StepResult
 from shunter.engine.remap.remapper import Remapper
@@ -24,6 +25,7 @@ from shunter.engine.sched.queues import RequestQueues
 from shunter.engine.sched.tenancy import Tenancy
 
 RUNNING, ROTARY, WAITING = RequestState.RUNNING, RequestState.ROTARY, RequestState.WAITING
+FINISHED = RequestState.FINISHED
 
 # tuple.__new__ builds a BatchEntry in C at half the cost of its Python __new__: a step
 # makes one per running request.
@@ -111,6 +113,38 @@ class Scheduler:
         self._finish(request, now)
         return request
 
+    def set_tenants(self, tenants: Sequence[TenantSpec]) -> None:
+        """Replace the tenancy (sharing modes, priorities, SLO classes, KV floors and
+        ceilings) between steps, in place; a model without a spec gets the defaults
+        (spatial, priority 0, unbounded).
+
+        Everything else stays: every request where it is, the turn holder if it stays
+        temporal, when each model last executed, the switch count, the layers lent.
+        A model that changes sharing mode executes as its new mode from the next step
+        on. Live requests keep the SLO class they arrived with (the tenant's class is
+        for new ones). Raises ValueError, changing nothing, for a model this engine
+        does not serve, two specs of one model, or bounds under which a live request
+        could never fit.
+        """
+        given = [t.model for t in tenants]
+        if len(set(given)) != len(given) or not set(given) <= self.queues.keys():
+            raise ValueError(f"tenants must name distinct served models: {given}")
+        by_model = {t.model: t for t in tenants}
+        specs = [by_model.get(m, TenantSpec(m)) for m in self.queues]
+        bounds = KvBounds(specs)
+        memory = self.memory
+        for r in self.requests.values():
+            need = memory.num_blocks(r.prompt_tokens + r.max_output_tokens)
+            room = memory.num_total_blocks(r.model, bounds)
+            if need > room:
+                raise ValueError(
+                    f"request {r.id!r} needs {need} KV blocks; model {r.model!r} would have {room}"
+                )
+        self.tenancy.set_tenants(specs)
+        memory.set_bounds(bounds)
+        if self.remapper is not None:
+            self.remapper.set_priorities({t.model: t.priority for t in specs})
+
     @property
     def num_running(self) -> int:
         return sum(len(q.running) for q in self.queues.values())
@@ -148,7 +182,7 @@ class Scheduler:
                 t_last_active=self.tenancy.t_last_active,
                 run_next=self.tenancy.run_next(self._has_work, lag),
             )
-        short: set[str] = set()
+        short: dict[str, int] = {}  # model -> KV bytes it lacked this step
         decodes: list[Request] = []
         prefills: list[Request] = []
         for model in executing:
@@ -175,33 +209,50 @@ class Scheduler:
 
         num_running = self.num_running
         stopped: set[str] = set()
+        skipped: list[Request] = []
         for r in admit:
             if num_running >= self.config.max_running:
                 break
             if r.model in stopped:
+                skipped.append(r)
                 continue
             used = self._admit(r, plan, now, tokens)
             if used is None:
                 stopped.add(r.model)
                 if tokens > 0 or r.state is ROTARY:
-                    short.add(r.model)
+                    short[r.model] = short.get(r.model, 0) + self._lack(r)
                 continue
             num_running += 1
             tokens -= used
-        short.update(m for m in executing if self._starved(m))
+        # What a short model's admissions behind the one that did not fit would have taken.
+        for r, nbytes in zip(skipped, self.kv.of(skipped), strict=True):
+            if r.model in short:
+                short[r.model] += nbytes
+        for m in executing:
+            if m not in short:
+                lack = self._starved(m)
+                if lack:
+                    short[m] = lack
         holder = self.tenancy.holder
         if holder in executing and not self._progressed(holder, plan, sitting_out):
-            self.tenancy.pass_turn(now, self._has_work, lag)
+            self.tenancy.pass_turn(now, self._has_work, self._lag(now))  # queues changed
         if self.remapper is not None:
             self.remapper.stream(plan)
         self.memory.rotate()
         # Capacity moves to the models that ran short, and to frames being restored:
         # the other model with the most free blocks compacts (one a step: moves cost
-        # copies).
-        if short or (self.remapper is not None and self.remapper.is_vacating):
+        # copies). A model that executed gives back what they lack and no more: it
+        # would claim the rest again, chunks thrashing between pools every step. One
+        # that did not gives back every empty chunk, so that the free pages, not
+        # rotation, serve the next steps' admissions.
+        need = sum(short.values())
+        if self.remapper is not None:
+            need += self.remapper.vacating_bytes
+        if need:
             others = [m for m in self.queues if m not in short]
             if others:
-                self.memory.compact(max(others, key=self.memory.num_held_free_blocks))
+                donor = max(others, key=self.memory.num_held_free_blocks)
+                self.memory.compact(donor, need if donor in executing else None)
         self.memory.end_step()
         return plan
 
@@ -224,7 +275,7 @@ class Scheduler:
 
     # -- parts ---------------------------------------------------------------------------
     def _reserve_decodes(
-        self, model: str, plan: StepPlan, sitting_out: set[str], short: set[str]
+        self, model: str, plan: StepPlan, sitting_out: set[str], short: dict[str, int]
     ) -> tuple[list[Request], list[Request]]:
         """Blocks for the next token of each decoding request, oldest first.
 
@@ -233,26 +284,37 @@ class Scheduler:
         flight (``sitting_out``). Out of blocks, a request waits for blocks already on
         their way (released by a preemption whose copies are in flight); if none are,
         the latest arrival is preempted (vLLM's passive preemption), possibly the
-        request itself, and the model is ``short``.
+        request itself, and the model is ``short`` of the victim's blocks.
         """
         q = self.queues[model]
         decodes: list[Request] = []
         prefills: list[Request] = []
         memory = self.memory
-        incoming = memory.num_incoming_blocks(model)
-        for r in list(q.running.values()):
-            if r.state is not RUNNING or r.id in sitting_out:
+        decoding: list[Request] = []
+        for r in q.running.values():
+            if r.id in sitting_out:
                 continue
-            if r.is_prefill:
+            # ``r.is_prefill`` inlined: this loop visits every running request each step.
+            pending = r.prompt_tokens + r.num_output_tokens - r.num_computed_tokens
+            if r.num_output_tokens == 0 or pending > 1:
                 prefills.append(r)
+            else:
+                decoding.append(r)
+        incoming = memory.num_incoming_blocks(model)
+        # Most decodes write into a block they hold: no memory verb to call for them.
+        for r, need in zip(decoding, memory.num_append_blocks(decoding, 1), strict=True):
+            if r.state is not RUNNING:  # preempted below for an earlier one
+                continue
+            if need <= 0:
+                decodes.append(r)
                 continue
             while not memory.can_append(r, 1):
                 if incoming > 0:
                     incoming -= 1
                     break
                 victim = max(q.running.values(), key=lambda v: v.t_arr)
+                short[model] = short.get(model, 0) + self.kv.of((victim,))[0]
                 self._preempt(victim, plan)
-                short.add(model)
                 incoming = memory.num_incoming_blocks(model)
                 if victim is r:
                     break
@@ -320,12 +382,22 @@ class Scheduler:
             return decisions[0].admit
         return list(heapq.merge(*(d.admit for d in decisions), key=attrgetter("t_arr")))
 
-    def _starved(self, model: str) -> bool:
-        """Whether the model's first waiting (else rotary) request needs more blocks
-        than it may allocate: the policy would not even try to admit it."""
+    def _starved(self, model: str) -> int:
+        """KV bytes the model's first waiting (else rotary) request lacks: more blocks
+        than the model may allocate, and the policy would not even try to admit it.
+        0 when it fits (or there is none)."""
         q = self.queues[model]
         head = next(iter(q.waiting.values()), None) or next(iter(q.rotary.values()), None)
-        return head is not None and self.memory.blk(head) > self.memory.num_free_blocks(model)
+        if head is None or self.memory.blk(head) <= self.memory.num_free_blocks(model):
+            return 0
+        return self._lack(head)
+
+    def _lack(self, r: Request) -> int:
+        """KV bytes ``r``'s model lacks to bring it onto the device (one block at least:
+        it did not fit)."""
+        memory = self.memory
+        missing = max(1, memory.blk(r) - memory.num_free_blocks(r.model))
+        return missing * self.kv.block_bytes[r.model]
 
     def _progressed(self, model: str, plan: StepPlan, sitting_out: set[str]) -> bool:
         """Whether ``model`` computes, brings a request in, or waits for copies of its
@@ -344,13 +416,20 @@ class Scheduler:
 
     def _lag(self, now: float) -> Callable[[str], float]:
         """The VLT of a model's most lagging request, its running requests lagging as
-        rotary ones while the model does not execute."""
+        rotary ones while the model does not execute. Each answer is kept (the turn
+        decision and the run-next order ask again): use it while the queues stay as
+        they are."""
+        known: dict[tuple[str, bool], float] = {}
 
         def lag(model: str) -> float:
-            q = self.queues[model]
             paused = not self.tenancy.is_active(model)
-            groups = (q.waiting, q.rotary, q.landing, q.running)
-            return max(v for g in groups if g for v in vlts(g.values(), now, paused=paused))
+            value = known.get((model, paused))
+            if value is None:
+                q = self.queues[model]
+                groups = (q.waiting, q.rotary, q.landing, q.running)
+                vs = (v for g in groups if g for v in vlts(g.values(), now, paused=paused))
+                value = known[model, paused] = max(vs)
+            return value
 
         return lag
 
@@ -361,8 +440,8 @@ class Scheduler:
         r.num_preemptions += 1
         plan.preempted.append(r.id)
         if r.num_computed_tokens and self.memory.can_swap_out(r):
-            self.memory.swap_out(r)
-            q.move(r, ROTARY, landing=not self.memory.has_landed(r))
+            landed = self.memory.swap_out(r)
+            q.move(r, ROTARY, landing=not landed)
             return
         self.memory.free(r)
         r.num_computed_tokens = 0
@@ -373,9 +452,8 @@ class Scheduler:
         q = self.queues[r.model]
         used = 0
         if r.state is ROTARY:
-            if not self.memory.can_swap_in(r):
+            if not self.memory.try_swap_in(r):
                 return None
-            self.memory.swap_in(r)
             plan.swapped_in.append(r.id)
             self._joining.append(r)
         else:
@@ -400,7 +478,7 @@ class Scheduler:
 
     def _finish(self, r: Request, now: float) -> None:
         self.memory.free(r)
-        self.queues[r.model].move(r, RequestState.FINISHED)
+        self.queues[r.model].move(r, FINISHED)
         del self.requests[r.id]
         r.t_finish = now
         self._released.append(r.id)

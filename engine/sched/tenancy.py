@@ -33,17 +33,31 @@ class Tenancy:
     """
 
     def __init__(self, tenants: Sequence[TenantSpec], *, min_quantum_s: float) -> None:
-        names = [t.model for t in tenants]
-        if len(set(names)) != len(names):
-            raise ValueError(f"one tenant per model: {names}")
+        names = _names(tenants)
         if min_quantum_s < 0:
             raise ValueError("min_quantum_s must be >= 0")
-        self.tenants = {t.model: t for t in tenants}
         self.min_quantum_s = min_quantum_s
         self.holder: str | None = None
         self.t_turn = 0.0
         self.num_switches = 0
         self.t_last_active = dict.fromkeys(names, -float("inf"))
+        self._set(tenants)
+
+    def set_tenants(self, tenants: Sequence[TenantSpec]) -> None:
+        """Replace the tenants' specs (sharing, priority, SLO class, KV bounds) in place:
+        the same models, one spec each. The holder keeps the turn if it stays temporal;
+        otherwise no model holds it until the next ``executing`` hands it on, so a change
+        of sharing mode takes effect at the next step. When each model last executed and
+        the switch count stay."""
+        names = _names(tenants)
+        if set(names) != set(self.tenants):
+            raise ValueError(f"tenants of {sorted(self.tenants)} wanted, got {names}")
+        self._set(tenants)
+        if self.holder is not None and self.holder not in self.temporal:
+            self.holder = None
+
+    def _set(self, tenants: Sequence[TenantSpec]) -> None:
+        self.tenants = {t.model: t for t in tenants}
         self.temporal = [t.model for t in tenants if t.sharing == "temporal"]
         self.spatial = [t.model for t in tenants if t.sharing == "spatial"]
 
@@ -102,3 +116,10 @@ class Tenancy:
             return (2, -t.priority, self.t_last_active[m])
 
         return sorted(self.tenants, key=key)
+
+
+def _names(tenants: Sequence[TenantSpec]) -> list[str]:
+    names = [t.model for t in tenants]
+    if len(set(names)) != len(names):
+        raise ValueError(f"one tenant per model: {names}")
+    return names

@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import aiohttp
@@ -55,6 +55,15 @@ class Timings:
         self.ttft.append(token_times[0] - t_start)
         self.itl += [b - a for a, b in itertools.pairwise(token_times)]
 
+    def row(self, *widths: int) -> str:
+        """TTFT p50, ITL p50 and ITL p90 in milliseconds, right-aligned in ``widths``."""
+        figures = (
+            quantile_ms(self.ttft, 0.5),
+            quantile_ms(self.itl, 0.5),
+            quantile_ms(self.itl, 0.9),
+        )
+        return " ".join(f"{v:>{w}}" for v, w in zip(figures, widths, strict=True))
+
 
 def bench_server(
     *,
@@ -75,8 +84,7 @@ def bench_server(
         if model_dir is None:
             model_dir = init_model_dir(Path(tmp) / PRESET, config=preset_config(PRESET), seed=0)
         settings = EngineSettings(models=(ModelArg(MODEL, model_dir),), kv_tokens=65536)
-        gen = torch.Generator().manual_seed(0)
-        prompts = torch.randint(4, 500, (requests, prompt_tokens), generator=gen).tolist()
+        prompts = random_prompts(requests, prompt_tokens)
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
         yield (
             f"{model_dir.name} on cpu, {torch.get_num_threads()} threads: {requests} requests "
@@ -86,36 +94,66 @@ def bench_server(
         engine = TorchEngine(
             {MODEL: model_dir}, engine_config(settings), device=torch.device("cpu")
         )
-        server, url = _start_server(model_dir, settings.kv_tokens, torch.get_num_threads())
+        server, url = start_engine(model_dir, settings.kv_tokens, torch.get_num_threads())
         try:
             _in_process(engine, prompts[:2], params, 2)  # warm-up
-            asyncio.run(_through_server(url, prompts[:2], max_tokens, 2))
+            asyncio.run(stream_completions(url, prompts[:2], max_tokens, 2))
             yield f"{'streams':>8} {'':14} {'TTFT p50 ms':>12} {'ITL p50 ms':>11} {'p90':>8}"
             for n in streams:
                 # Alternated rounds, samples pooled: a busy machine slows both alike.
                 ours, http = Timings(), Timings()
                 for _ in range(rounds):
                     ours.extend(_in_process(engine, prompts, params, n))
-                    http.extend(asyncio.run(_through_server(url, prompts, max_tokens, n)))
+                    http.extend(asyncio.run(stream_completions(url, prompts, max_tokens, n)))
                 for label, t in (("in-process", ours), ("server", http)):
-                    ttft, itl, itl90 = _ms(t.ttft, 0.5), _ms(t.itl, 0.5), _ms(t.itl, 0.9)
-                    yield f"{n:>8} {label:14} {ttft:>12} {itl:>11} {itl90:>8}"
+                    yield f"{n:>8} {label:14} {t.row(12, 11, 8)}"
                 yield (
-                    f"{n:>8} {'ratio':14} {_ratio(http.ttft, ours.ttft):>12} "
-                    f"{_ratio(http.itl, ours.itl):>11}"
+                    f"{n:>8} {'ratio':14} {ratio(http.ttft, ours.ttft):>12} "
+                    f"{ratio(http.itl, ours.itl):>11}"
                 )
         finally:
             server.terminate()
             server.wait(timeout=60)
 
 
-def _start_server(
-    model_dir: Path, kv_tokens: int, threads: int
-) -> tuple[subprocess.Popen[bytes], str]:
-    """``shunter engine`` on a free loopback port, once its /health answers."""
+def random_prompts(requests: int, prompt_tokens: int) -> list[list[int]]:
+    """``requests`` prompts of ``prompt_tokens`` random token ids, the same every run."""
+    gen = torch.Generator().manual_seed(0)
+    prompts: list[list[int]] = torch.randint(
+        4, 500, (requests, prompt_tokens), generator=gen
+    ).tolist()
+    return prompts
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (now)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def wait_until_up(proc: subprocess.Popen[bytes], url: str, failure: Callable[[], str]) -> None:
+    """Return once GET ``url`` answers. When ``proc`` exits first or two minutes pass,
+    kill it and raise RuntimeError with ``failure()``."""
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(failure()) from None
+            time.sleep(0.1)
+
+
+def start_engine(
+    model_dir: Path, kv_tokens: int, threads: int
+) -> tuple[subprocess.Popen[bytes], str]:
+    """``shunter engine`` serving ``model_dir`` as ``MODEL`` on CPU on a free loopback
+    port, once its /health answers; the process and its base URL."""
+    port = free_port()
     shunter = Path(sys.executable).with_name("shunter")
     command = [
         str(shunter),
@@ -133,16 +171,8 @@ def _start_server(
     env.pop("SHUNTER_ENGINE_TOKEN", None)
     proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2):
-                return proc, url
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError("shunter engine did not start") from None
-            time.sleep(0.1)
+    wait_until_up(proc, url + "/health", lambda: "shunter engine did not start")
+    return proc, url
 
 
 def _in_process(
@@ -158,11 +188,19 @@ def _in_process(
     return timings
 
 
-async def _through_server(
-    url: str, prompts: list[list[int]], max_tokens: int, concurrency: int
+async def stream_completions(
+    url: str,
+    prompts: list[list[int]],
+    max_tokens: int,
+    concurrency: int,
+    headers: Mapping[str, str] | None = None,
 ) -> Timings:
+    """Stream every prompt to ``url``'s /v1/completions as ``MODEL`` (greedy, EOS
+    ignored, ``max_tokens`` each), ``concurrency`` at a time, with ``headers`` on every
+    request; each token is timed on arrival of the SSE chunk that carries its id. A
+    status other than 200 raises RuntimeError."""
     timings = Timings()
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=dict(headers or {})) as session:
 
         async def one(prompt: list[int]) -> None:
             body = {
@@ -177,6 +215,8 @@ async def _through_server(
             t_start = time.perf_counter()
             times: list[float] = []
             async with session.post(url + "/v1/completions", json=body) as r:
+                if r.status != 200:
+                    raise RuntimeError(f"{url}: {r.status} {await r.text()}")
                 async for line in r.content:
                     if line.startswith(b"data: {"):
                         now = time.perf_counter()
@@ -189,14 +229,16 @@ async def _through_server(
     return timings
 
 
-def _ms(values: list[float], q: float) -> str:
+def quantile_ms(values: list[float], q: float) -> str:
+    """The ``q`` quantile of ``values`` (seconds) in milliseconds, or '-' when empty."""
     if not values:
         return "-"
     ordered = sorted(values)
     return f"{1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]:.2f}"
 
 
-def _ratio(server: list[float], ours: list[float]) -> str:
+def ratio(server: list[float], ours: list[float]) -> str:
+    """The ratio of the medians, ``server`` over ``ours``, or '-' when either is empty."""
     if not server or not ours:
         return "-"
     return f"{statistics.median(server) / statistics.median(ours):.2f}x"

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from shunter.engine.exec.cli import byte_count  # argparse only, no torch
+from shunter.engine.exec.cli import add_bench_arguments, byte_count, print_report  # argparse only
 
 
 def add_engine_parser(sub: argparse._SubParsersAction[Any]) -> None:
@@ -41,6 +41,13 @@ def add_engine_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--kv-tokens", type=int, help="KV tokens per model without --hbm-budget")
     p.add_argument("--grace", type=float, help="seconds in-flight requests get on SIGTERM")
     p.add_argument(
+        "--remap",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="lend idle models' weight layers to the KV cache (Oneiros; default: the "
+        "config's remap, else off)",
+    )
+    p.add_argument(
         "--check-integrity",
         action="store_true",
         help="debug: run the memory integrity check after every step",
@@ -70,6 +77,7 @@ def cmd_engine(ns: argparse.Namespace) -> int:
                 ("hbm_budget", ns.hbm_budget),
                 ("kv_tokens", ns.kv_tokens),
                 ("grace_s", ns.grace),
+                ("remap", ns.remap),
             )
             if value is not None
         }
@@ -105,7 +113,9 @@ def add_bench_server_parser(benches: argparse._SubParsersAction[Any]) -> None:
         "as streaming /v1/completions requests through a server on a loopback port, at "
         "each concurrency of --streams. Host wall time on this machine.",
     )
-    p.add_argument("--model", type=Path, help="a model directory (default: tiny-llama)")
+    add_bench_arguments(
+        p, preset="tiny-llama", prompt_tokens=64, max_tokens=32, threads=1, rounds=3
+    )
     p.add_argument(
         "--streams",
         type=lambda text: tuple(int(v) for v in text.split(",")),
@@ -113,24 +123,20 @@ def add_bench_server_parser(benches: argparse._SubParsersAction[Any]) -> None:
         help="comma list of concurrent streams (default 1,32)",
     )
     p.add_argument("--requests", type=int, default=32, help="requests per run (default 32)")
-    p.add_argument("--prompt-tokens", type=int, default=64, help="default 64")
-    p.add_argument("--max-tokens", type=int, default=32, help="default 32")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    p.add_argument("--rounds", type=int, default=3, help="alternated rounds (default 3)")
     p.set_defaults(func=cmd_bench_server)
 
 
 def cmd_bench_server(ns: argparse.Namespace) -> int:
     from shunter.engine.server.bench import bench_server
 
-    for line in bench_server(
-        model_dir=ns.model,
-        streams=ns.streams,
-        requests=ns.requests,
-        prompt_tokens=ns.prompt_tokens,
-        max_tokens=ns.max_tokens,
-        threads=ns.threads,
-        rounds=ns.rounds,
-    ):
-        print(line, flush=True)
-    return 0
+    return print_report(
+        bench_server(
+            model_dir=ns.model,
+            streams=ns.streams,
+            requests=ns.requests,
+            prompt_tokens=ns.prompt_tokens,
+            max_tokens=ns.max_tokens,
+            threads=ns.threads,
+            rounds=ns.rounds,
+        )
+    )

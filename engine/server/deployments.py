@@ -4,8 +4,9 @@ The body is the models part of the engine's settings (as in ``deploy/engine.toml
 
     {"models": [{"name", "path", "sharing", "priority", "slo"}], "slo_classes": {...}}
 
-Models whose name and directory stay are kept. When only their sharing mode, priority or
-SLO class change, the table changes in place and nothing stops. When a model is added,
+Models whose name and directory stay are kept. When only their sharing mode, priority,
+SLO class or KV bounds change, the running scheduler takes them between two steps and
+nothing stops (live requests keep the SLO class they arrived with). When a model is added,
 removed or its directory changes, the engine is rebuilt with the desired set: admission
 stops, requests of removed or reloaded models end at once with an error chunk, the
 others get the grace period to finish (the rest end with an error chunk), then the new
@@ -27,7 +28,7 @@ from shunter.engine.exec.generate_input import GenerateError
 from shunter.engine.server.context import STATE, ServerState
 from shunter.engine.server.errors import ApiError, bad_request
 from shunter.engine.server.openai_api import read_json
-from shunter.engine.server.serve import engine_config
+from shunter.engine.server.serve import engine_config, tenant_specs
 from shunter.engine.server.settings import (
     EngineSettings,
     SettingsError,
@@ -74,6 +75,7 @@ async def reconcile(state: ServerState, desired: EngineSettings) -> dict[str, An
         "rebuilt": bool(added or removed or reloaded),
     }
     if not result["rebuilt"]:
+        await _retenant(state, desired)
         for name in reconfigured:
             state.models[name].arg = want[name]
         state.settings = desired
@@ -86,6 +88,23 @@ async def reconcile(state: ServerState, desired: EngineSettings) -> dict[str, An
     for name in removed:
         state.metrics.forget(name)
     return result
+
+
+async def _retenant(state: ServerState, desired: EngineSettings) -> None:
+    """Give the running scheduler the desired sharing modes, priorities, SLO classes and
+    KV bounds between two steps; a 400 (nothing changed) when a live request would no
+    longer fit its model's bounds."""
+    tenants = tenant_specs(desired)
+    core = state.loop.engine.core
+
+    def apply() -> None:
+        core.scheduler.set_tenants(tenants)
+        core.config = dataclasses.replace(core.config, tenants=tenants)
+
+    try:
+        await state.loop.call(apply)
+    except ValueError as e:
+        raise bad_request(f"The desired deployments cannot be applied now: {e}") from None
 
 
 async def _replace_engine(state: ServerState, desired: EngineSettings, ending: set[str]) -> None:

@@ -31,14 +31,17 @@ SHARING_MODES = ("spatial", "temporal")
 
 @dataclass(frozen=True)
 class ModelArg:
-    """One served model as configured: ``name``, directory, sharing mode, priority and
-    the SLO class of its requests (None: the engine's default)."""
+    """One served model as configured: ``name``, directory, sharing mode, priority, the
+    SLO class of its requests (None: the engine's default) and its KV bounds in bytes
+    (``kv_floor`` kept for it alone; ``kv_ceiling`` None: unbounded)."""
 
     name: str
     path: Path
     sharing: str = "spatial"
     priority: int = 0
     slo: SloSpec | None = None
+    kv_floor: int = 0
+    kv_ceiling: int | None = None
 
     def __post_init__(self) -> None:
         if self.sharing not in SHARING_MODES:
@@ -46,6 +49,8 @@ class ModelArg:
                 f"model {self.name!r}: sharing must be one of {', '.join(SHARING_MODES)}, "
                 f"got {self.sharing!r}"
             )
+        if self.kv_floor < 0 or (self.kv_ceiling is not None and self.kv_ceiling < self.kv_floor):
+            raise ValueError(f"model {self.name!r}: need 0 <= kv_floor <= kv_ceiling")
 
 
 def parse_model_arg(value: str) -> ModelArg:

@@ -6,7 +6,7 @@ import dataclasses
 
 import torch
 
-from shunter.engine.config import EngineConfig, SchedulerConfig
+from shunter.engine.config import EngineConfig, SchedulerConfig, TenantSpec
 from shunter.engine.exec.serving import TorchEngine, model_specs
 from shunter.engine.exec.sizing import KVNeed, serving_config
 from shunter.engine.server.context import ServerState
@@ -27,9 +27,33 @@ def engine_config(settings: EngineSettings, *, check_integrity: bool = False) ->
         where = f"of {spec.max_context} tokens (a full context of {spec.name})"
         needs += [KVNeed(where, spec.name, spec.max_context)] * contexts
     config = serving_config(
-        specs, needs, hbm_budget=settings.hbm_budget, check_integrity=check_integrity
+        specs,
+        needs,
+        hbm_budget=settings.hbm_budget,
+        remap=settings.remap,
+        check_integrity=check_integrity,
     )
-    return dataclasses.replace(config, scheduler=SchedulerConfig(policy=settings.policy))
+    return dataclasses.replace(
+        config,
+        scheduler=SchedulerConfig(policy=settings.policy),
+        tenants=tenant_specs(settings),
+        remap=dataclasses.replace(config.remap, capacity_order=settings.capacity_order),
+    )
+
+
+def tenant_specs(settings: EngineSettings) -> tuple[TenantSpec, ...]:
+    """Each model's sharing mode, SLO class, priority and KV bounds, for the scheduler."""
+    return tuple(
+        TenantSpec(
+            m.name,
+            sharing=m.sharing,
+            slo=m.slo,
+            priority=m.priority,
+            kv_floor=m.kv_floor,
+            kv_ceiling=m.kv_ceiling,
+        )
+        for m in settings.models
+    )
 
 
 def build_loop(

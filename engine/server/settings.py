@@ -13,13 +13,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shunter.engine.config import POLICIES, SloSpec
+from shunter.engine.config import CAPACITY_SOURCES, POLICIES, RemapConfig, SloSpec
 from shunter.engine.exec.cli import byte_count
 from shunter.engine.server.models import ModelArg, parse_model_arg
 
 DEFAULT_KV_TOKENS = 65536
-TOP_KEYS = {"device", "hbm_budget", "kv_tokens", "policy", "grace_s", "slo_classes", "models"}
-MODEL_KEYS = {"name", "path", "sharing", "priority", "slo"}
+TOP_KEYS = {
+    "device",
+    "hbm_budget",
+    "kv_tokens",
+    "policy",
+    "remap",
+    "capacity_order",
+    "grace_s",
+    "slo_classes",
+    "models",
+}
+MODEL_KEYS = {"name", "path", "sharing", "priority", "slo", "kv_floor", "kv_ceiling"}
 SLO_KEYS = {"ttft_ms", "tbt_ms", "alpha", "beta_b", "beta_f"}
 
 
@@ -30,13 +40,17 @@ class SettingsError(Exception):
 @dataclass(frozen=True)
 class EngineSettings:
     """``kv_tokens`` sizes each model's KV (ignored with ``hbm_budget``, the arena's
-    bytes); ``grace_s`` is how long shutdown waits for requests in flight."""
+    bytes); ``grace_s`` is how long shutdown waits for requests in flight. With ``remap``
+    the engine lends idle models' weight layers to the KV cache (Oneiros), taking device
+    memory in ``capacity_order``."""
 
     models: tuple[ModelArg, ...]
     device: str | None = None
     hbm_budget: int | None = None
     kv_tokens: int = DEFAULT_KV_TOKENS
     policy: str = "lvf"
+    remap: bool = False
+    capacity_order: tuple[str, ...] = CAPACITY_SOURCES
     grace_s: float = 30.0
     slo_classes: dict[str, SloSpec] = field(default_factory=dict)
 
@@ -78,12 +92,24 @@ def settings_from_dict(
     policy = data.get("policy", "lvf")
     if policy not in POLICIES:
         raise SettingsError(f"{where}: policy must be one of {', '.join(POLICIES)}")
+    remap = data.get("remap", False)
+    if not isinstance(remap, bool):
+        raise SettingsError(f"{where}: remap must be true or false")
+    order = data.get("capacity_order", list(CAPACITY_SOURCES))
+    if not isinstance(order, list):
+        raise SettingsError(f"{where}: capacity_order must be a list")
+    try:
+        RemapConfig(capacity_order=tuple(order))
+    except ValueError as e:
+        raise SettingsError(f"{where}: {e}") from None
     return EngineSettings(
         models=tuple(models),
         device=_typed(data, "device", str, where),
         hbm_budget=_bytes(data, "hbm_budget", where),
         kv_tokens=_typed(data, "kv_tokens", int, where) or DEFAULT_KV_TOKENS,
         policy=policy,
+        remap=remap,
+        capacity_order=tuple(order),
         grace_s=float(_typed(data, "grace_s", (int, float), where) or 30.0),
         slo_classes=slos,
     )
@@ -152,6 +178,8 @@ def _model(spec: Any, slos: dict[str, SloSpec], where: str) -> ModelArg:
             sharing=spec.get("sharing", "spatial"),
             priority=int(spec.get("priority", 0)),
             slo=None if slo is None else slos[slo],
+            kv_floor=_bytes(spec, "kv_floor", where) or 0,
+            kv_ceiling=_bytes(spec, "kv_ceiling", where),
         )
     except (TypeError, ValueError) as e:
         raise SettingsError(f"{where}: {e}") from None

@@ -33,12 +33,14 @@ def _remapped_pages(memory: KVMemory, model: str, layers: list[int]) -> int:
 
 
 def engine_state(loop: EngineLoop, models: Mapping[str, ServedModel]) -> dict[str, Any]:
-    """Per model: sharing, KV blocks, weight pages resident and remapped layers, requests
-    by state; the arena's pages by owner; host swap use; rotations and bytes moved per
-    direction; recent step times. Call it on the engine thread (``EngineLoop.call``)."""
+    """Per model: sharing, whether it is active (spatial, or holding the turn), KV blocks,
+    weight pages resident and remapped layers, requests by state; the temporal turn; the
+    arena's pages by owner; host swap use; rotations and bytes moved per direction; recent
+    step times. Call it on the engine thread (``EngineLoop.call``)."""
     engine: TorchEngine = loop.engine
     core = engine.core
     memory, scheduler = core.memory, core.scheduler
+    tenancy = scheduler.tenancy
     arena = memory.arena
     owners = arena.counts()
     per_model = {}
@@ -50,6 +52,7 @@ def engine_state(loop: EngineLoop, models: Mapping[str, ServedModel]) -> dict[st
         per_model[name] = {
             "sharing": models[name].arg.sharing,
             "priority": models[name].arg.priority,
+            "active": tenancy.is_active(name),
             "kv_blocks_used": memory.blocks_used()[name],
             "kv_blocks_total": memory.num_total_blocks(name),
             "kv_usage": memory.usage(name),
@@ -78,6 +81,12 @@ def engine_state(loop: EngineLoop, models: Mapping[str, ServedModel]) -> dict[st
         "host_swap": {
             "bytes_used": memory.host.used_bytes,
             "bytes_total": memory.host.capacity_bytes,
+        },
+        "tenancy": {
+            "turn_holder": tenancy.holder,
+            "temporal": list(tenancy.temporal),
+            "spatial": list(tenancy.spatial),
+            "turn_switches": tenancy.num_switches,
         },
         "requests": {
             "live": core.num_live,

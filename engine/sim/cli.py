@@ -7,6 +7,7 @@ Only argparse at import time: the simulator loads when a command runs, so
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from shunter.engine.config import CAPACITY_SOURCES, SchedulerConfig
@@ -127,8 +128,16 @@ def add_simulate_parser(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def cmd_simulate(ns: argparse.Namespace) -> int:
-    if ns.scenario:
-        return _simulate_scenario(ns)
+    # A configuration the engine refuses (weights that do not fit the profile's memory,
+    # bad knobs) is a ValueError raised before anything is simulated: say it, exit 2.
+    try:
+        return _simulate_scenario(ns) if ns.scenario else _simulate_sweep(ns)
+    except ValueError as e:
+        print(f"shunter simulate: {e}", file=sys.stderr)
+        return 2
+
+
+def _simulate_sweep(ns: argparse.Namespace) -> int:
     from shunter.engine.sim.sweep import SweepSpec, run_sweep
 
     spec = SweepSpec(

@@ -18,6 +18,9 @@ TB = 1e12
 KiB = 1024
 MiB = 1024 * 1024
 
+# A step's fixed cost where nothing measured it: no public figure exists for our engine.
+ASSUMED_STEP_OVERHEAD_S = 1e-3
+
 
 @dataclass(frozen=True)
 class HardwareProfile:
@@ -88,8 +91,8 @@ class HardwareProfile:
 #   <= 64 KB: SuperInfer §3.3, Fig. 5 and §4.3.1 (nvbandwidth v0.8, Appendix B).
 # - Per-copy launch: a cudaMemcpyAsync call costs a few microseconds on the host,
 #   comparable to a 64 KB segment's transfer time (SuperInfer Fig. 12); 5 us assumed.
-# - Step overhead: 1 ms assumed (no public figure for our engine); a measured profile
-#   (load_profile) replaces it.
+# - Step overhead: ASSUMED_STEP_OVERHEAD_S (no public figure for our engine); a measured
+#   profile (load_profile) replaces it.
 _GH200_SOURCES = (
     "NVIDIA GH200 Grace Hopper Superchip datasheet",
     "SuperInfer (MLSys 2026) §3.3, Fig. 5, Table 1, Appendix B",
@@ -105,7 +108,7 @@ gh200 = HardwareProfile(
     copy_curve=_C2C_CURVE,
     host_mem_bw=384 * GB,
     copy_launch_s=5e-6,
-    step_overhead_s=1e-3,
+    step_overhead_s=ASSUMED_STEP_OVERHEAD_S,
     sources=_GH200_SOURCES,
 )
 
@@ -120,7 +123,7 @@ gh200_96g = HardwareProfile(
     copy_curve=_C2C_CURVE,
     host_mem_bw=384 * GB,
     copy_launch_s=5e-6,
-    step_overhead_s=1e-3,
+    step_overhead_s=ASSUMED_STEP_OVERHEAD_S,
     sources=_GH200_SOURCES,
 )
 
@@ -144,7 +147,7 @@ h200 = HardwareProfile(
     copy_curve=_PCIE5_CURVE,
     host_mem_bw=None,
     copy_launch_s=5e-6,
-    step_overhead_s=1e-3,
+    step_overhead_s=ASSUMED_STEP_OVERHEAD_S,
     sources=("NVIDIA H200 Tensor Core GPU datasheet", "NVIDIA DGX H200 datasheet", *_PCIE_SOURCES),
 )
 
@@ -159,7 +162,7 @@ h100 = HardwareProfile(
     copy_curve=_PCIE5_CURVE,
     host_mem_bw=None,
     copy_launch_s=5e-6,
-    step_overhead_s=1e-3,
+    step_overhead_s=ASSUMED_STEP_OVERHEAD_S,
     sources=("NVIDIA H100 Tensor Core GPU datasheet", "NVIDIA DGX H100 datasheet", *_PCIE_SOURCES),
 )
 
@@ -195,8 +198,14 @@ def load_profile(path: str | Path) -> HardwareProfile:
           "host_mem_bw": 3.84e11,          # shared by both directions; null if none
           "copy_launch_s": 5e-6,
           "step_overhead_s": 1e-3,
-          "sources": ["how and when it was measured"]   # optional
+          "sources": ["how and when it was measured"],  # optional
+          "calibration": {...}             # optional, ignored here
         }
+
+    ``shunter engine calibrate`` writes this schema (``profile_json``) and adds a
+    ``calibration`` object with what it measured beyond it: each direction's and the
+    duplex copy curve, and per-model layer timings for the remapping controller
+    (``engine/exec/calibrate.py``). Keys this function does not know are ignored.
     """
     raw: dict[str, Any] = json.loads(Path(path).read_text())
     try:
@@ -214,3 +223,19 @@ def load_profile(path: str | Path) -> HardwareProfile:
         )
     except KeyError as exc:
         raise ValueError(f"{path}: hardware profile lacks key {exc.args[0]!r}") from None
+
+
+def profile_json(profile: HardwareProfile) -> dict[str, Any]:
+    """``profile`` in ``load_profile``'s schema: ``load_profile`` of it gives it back."""
+    return {
+        "name": profile.name,
+        "hbm_bytes": profile.hbm_bytes,
+        "hbm_bw": profile.hbm_bw,
+        "peak_flops": profile.peak_flops,
+        "host_bytes": profile.host_bytes,
+        "copy_curve": [[size, bw] for size, bw in profile.copy_curve],
+        "host_mem_bw": profile.host_mem_bw,
+        "copy_launch_s": profile.copy_launch_s,
+        "step_overhead_s": profile.step_overhead_s,
+        "sources": list(profile.sources),
+    }

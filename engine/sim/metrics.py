@@ -25,8 +25,11 @@ class RequestRecord:
     """What a client saw of one request.
 
     ``token_times`` are the arrival times of the output tokens, one per token (a client
-    receiving several tokens in one chunk repeats the chunk's time); it may be empty when
-    only the first and last token times are known, and then ITL is not available.
+    receiving several tokens in one chunk repeats the chunk's time), or one per streamed
+    chunk when the client cannot tell the tokens of a chunk apart (ITL is then the gap
+    between chunks, as ``vllm bench serve`` measures it; ``num_output_tokens`` still
+    counts tokens). It may be empty when only the first and last token times are known,
+    and then ITL is not available.
     ``t_first_token`` and ``t_last_token`` are None when no token came back.
     """
 
@@ -69,6 +72,13 @@ def tpot(record: RequestRecord) -> float | None:
     return (record.t_last_token - record.t_first_token) / (record.num_output_tokens - 1)
 
 
+def e2e(record: RequestRecord) -> float | None:
+    """Seconds from arrival to the last token; None if no token came."""
+    if record.t_last_token is None:
+        return None
+    return record.t_last_token - record.t_arrival
+
+
 def itls(record: RequestRecord) -> list[float]:
     """Every gap between consecutive output tokens."""
     times = record.token_times
@@ -101,19 +111,24 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 @dataclass(frozen=True)
 class Percentiles:
+    """P50, P90, P99 and the mean of some values; all None for no values."""
+
     p50: float | None
     p90: float | None
     p99: float | None
+    mean: float | None
 
     @classmethod
     def of(cls, values: Sequence[float]) -> Percentiles:
-        return cls(percentile(values, 50), percentile(values, 90), percentile(values, 99))
+        mean = math.fsum(values) / len(values) if values else None
+        return cls(percentile(values, 50), percentile(values, 90), percentile(values, 99), mean)
 
 
 @dataclass(frozen=True)
 class Summary:
     """Aggregate metrics of one run. Attainments are shares in [0, 1]; percentiles are
-    over the requests that have the value (None when none has)."""
+    over the succeeded requests that have the value (None when none has). Throughputs
+    count succeeded requests and their output tokens per second of the run."""
 
     num_requests: int
     num_succeeded: int
@@ -121,10 +136,13 @@ class Summary:
     tbt_attainment: float
     slo_attainment: float
     goodput: float
+    request_throughput: float
+    num_output_tokens: int
     throughput_tok_s: float
     ttft_s: Percentiles
     tpot_s: Percentiles
     itl_s: Percentiles
+    e2e_s: Percentiles
     itl_within_tbt: float | None
 
 
@@ -144,6 +162,7 @@ def summarize(
     good = sum(a and b for a, b in zip(ttft_ok, tbt_ok, strict=True))
     ttfts = [v for r in records if r.success and (v := ttft(r)) is not None]
     tpots = [v for r in records if r.success and (v := tpot(r)) is not None]
+    e2es = [v for r in records if r.success and (v := e2e(r)) is not None]
     gaps = [g for r in records if r.success for g in itls(r)]
     tokens = sum(r.num_output_tokens for r in records if r.success)
     share = (lambda k: k / n) if n else (lambda _k: 0.0)
@@ -154,9 +173,12 @@ def summarize(
         tbt_attainment=share(sum(tbt_ok)),
         slo_attainment=share(good),
         goodput=good / duration_s,
+        request_throughput=sum(r.success for r in records) / duration_s,
+        num_output_tokens=tokens,
         throughput_tok_s=tokens / duration_s,
         ttft_s=Percentiles.of(ttfts),
         tpot_s=Percentiles.of(tpots),
         itl_s=Percentiles.of(gaps),
+        e2e_s=Percentiles.of(e2es),
         itl_within_tbt=sum(g <= tbt_slo_s for g in gaps) / len(gaps) if gaps else None,
     )

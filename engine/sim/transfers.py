@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from shunter.engine.interfaces import Transfers
-from shunter.engine.plan import BlockCopy, StepPlan
+from shunter.engine.plan import BlockCopies, StepPlan
 from shunter.engine.sim.clock import VirtualClock
 from shunter.engine.sim.cost import CopyBatch, CopyCostModel
 
@@ -47,16 +47,18 @@ class SimulatedTransfers(Transfers):
         self._free_at = 0.0
         self.totals = TransferTotals()
 
-    def _batch(self, copies: Mapping[str, list[BlockCopy]]) -> CopyBatch:
-        groups = tuple(
-            (len(blocks), self._block_bytes[model]) for model, blocks in copies.items() if blocks
-        )
+    def _batch(self, *copies: Mapping[str, BlockCopies]) -> CopyBatch:
+        """One batched copy: per model, its blocks in all of ``copies``."""
+        counts: dict[str, int] = {}
+        for by_model in copies:
+            for model, blocks in by_model.items():
+                counts[model] = counts.get(model, 0) + len(blocks)
+        groups = tuple((n, self._block_bytes[m]) for m, n in counts.items() if n)
         return CopyBatch(groups)
 
     def submit(self, plan: StepPlan) -> None:
         now = self._clock.now()
-        d2h_copies = {m: plan.d2h(m) for m in {*plan.swap_out, *plan.rotate}}
-        d2h, h2d = self._batch(d2h_copies), self._batch(plan.swap_in)
+        d2h, h2d = self._batch(plan.swap_out, plan.rotate), self._batch(plan.swap_in)
         start = max(now, self._free_at)
         if d2h.is_empty and h2d.is_empty:
             done = h2d_done = start

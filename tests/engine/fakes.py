@@ -21,7 +21,7 @@ from shunter.engine.config import (
 from shunter.engine.core import EngineCore
 from shunter.engine.interfaces import Clock, Executor, Transfers
 from shunter.engine.memory.manager import KVMemory
-from shunter.engine.plan import BlockCopy, StepPlan, StepResult
+from shunter.engine.plan import StepPlan, StepResult
 from shunter.engine.request import Request
 
 SLO = SloSpec("default", ttft_s=5.0, tbt_s=0.1)
@@ -176,7 +176,7 @@ class FakeTransfers(Transfers):
 
     def __init__(self, delay: int = 1) -> None:
         self.delay = delay
-        self.queue: deque[tuple[int, int, list[tuple[str, BlockCopy]], set[tuple[str, int]]]] = (
+        self.queue: deque[tuple[int, int, list[tuple[str, int, int]], set[tuple[str, int]]]] = (
             deque()
         )
         self.polls = 0
@@ -187,10 +187,10 @@ class FakeTransfers(Transfers):
     def submit(self, plan: StepPlan) -> None:
         assert not self.submitted or plan.step > self.submitted[-1]
         self.submitted.append(plan.step)
-        d2h = [(m, c) for m in {*plan.swap_out, *plan.rotate} for c in plan.d2h(m)]
-        sources = {(m, c.device_block) for m, c in d2h}
+        d2h = [(m, d, h) for m in {*plan.swap_out, *plan.rotate} for d, h in plan.d2h(m).pairs()]
+        sources = self._sources(d2h)
         assert len(sources) == len(d2h), "a block copied twice to host in one step"
-        dests = {(m, c.device_block) for m, cs in plan.swap_in.items() for c in cs}
+        dests = {(m, d) for m, cs in plan.swap_in.items() for d in cs.devices}
         assert len(dests) == plan.num_h2d_blocks, "two H2D copies into one block"
         reading = sources | {b for _, _, d2h, _ in self.queue for b in self._sources(d2h)}
         writing = {b for _, _, _, dsts in self.queue for b in dsts}
@@ -200,14 +200,14 @@ class FakeTransfers(Transfers):
         assert not clash, f"step {plan.step}: D2H out of blocks still written: {clash}"
         if self.contents is not None:
             for m, cs in plan.swap_in.items():
-                for c in cs:
-                    held = self.contents.host[m, c.host_block]
-                    self.contents.device[m, c.device_block] = list(held)
+                for d, h in cs.pairs():
+                    held = self.contents.host[m, h]
+                    self.contents.device[m, d] = list(held)
         self.queue.append((self.polls + self.delay, plan.step, d2h, dests))
 
     @staticmethod
-    def _sources(d2h: list[tuple[str, BlockCopy]]) -> set[tuple[str, int]]:
-        return {(m, c.device_block) for m, c in d2h}
+    def _sources(d2h: list[tuple[str, int, int]]) -> set[tuple[str, int]]:
+        return {(m, d) for m, d, _ in d2h}
 
     def poll(self, now: float) -> list[int]:
         self.polls += 1
@@ -224,9 +224,9 @@ class FakeTransfers(Transfers):
     def _land(self) -> None:
         _, step, d2h, _ = self.queue.popleft()
         if self.contents is not None:
-            for m, c in d2h:
-                held = self.contents.device.get((m, c.device_block), self.contents.empty())
-                self.contents.host[m, c.host_block] = list(held)
+            for m, d, h in d2h:
+                held = self.contents.device.get((m, d), self.contents.empty())
+                self.contents.host[m, h] = list(held)
         self.done.append(step)
 
 

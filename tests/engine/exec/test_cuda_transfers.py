@@ -9,7 +9,7 @@ import torch
 
 from shunter.engine.exec.cuda_transfers import CudaTransfers, pinned_empty
 from shunter.engine.exec.transfers import host_swap_space, make_transfers
-from shunter.engine.plan import BlockCopy, StepPlan
+from shunter.engine.plan import BlockCopies, StepPlan
 
 pytestmark = [
     pytest.mark.gpu,
@@ -59,13 +59,13 @@ def test_blocks_go_out_and_come_back_in_batches_larger_than_the_staging() -> Non
     host = host_swap_space(8 * BLOCK_BYTES, SHAPE, torch.float32, pin=True)
     # Two blocks of staging: five copies take three rounds each way.
     transfers = CudaTransfers({"m": device}, {"m": host}, staging_bytes=2 * BLOCK_BYTES)
-    out = [BlockCopy(d, h) for d, h in ((7, 3), (2, 0), (9, 1), (4, 6), (0, 2))]
-    transfers.submit(StepPlan(step=0, swap_out={"m": out[:3]}, rotate={"m": out[3:]}))
+    out, rotate = BlockCopies([7, 2, 9], [3, 0, 1]), BlockCopies([4, 0], [6, 2])
+    transfers.submit(StepPlan(step=0, swap_out={"m": out}, rotate={"m": rotate}))
     transfers.synchronize()
     assert transfers.poll(0.0) == [0]
     assert values(host[[3, 0, 1, 6, 2]]) == [7.0, 2.0, 9.0, 4.0, 0.0]
 
-    into = [BlockCopy(d, h) for d, h in ((10, 3), (11, 0), (5, 6))]
+    into = BlockCopies([10, 11, 5], [3, 0, 6])
     transfers.submit(StepPlan(step=1, swapped_in=["r"], swap_in={"m": into}))
     transfers.synchronize()
     assert transfers.poll(0.0) == [1]
@@ -80,8 +80,8 @@ def test_both_directions_in_one_step_and_steps_reported_in_order() -> None:
     transfers.submit(
         StepPlan(
             step=5,
-            swap_out={"m": [BlockCopy(1, 0), BlockCopy(2, 1)]},
-            swap_in={"m": [BlockCopy(6, 4), BlockCopy(7, 5)]},
+            swap_out={"m": BlockCopies([1, 2], [0, 1])},
+            swap_in={"m": BlockCopies([6, 7], [4, 5])},
             swapped_in=["r"],
         )
     )
@@ -100,7 +100,7 @@ def test_the_compute_stream_reads_a_swapped_in_block_only_after_its_copy() -> No
     host = pinned_empty(shape, torch.bfloat16)
     host.fill_(3.0)
     transfers = CudaTransfers({"m": device}, {"m": host})
-    copies = [BlockCopy(b, b) for b in range(num_blocks)]
+    copies = BlockCopies(list(range(num_blocks)), list(range(num_blocks)))
     transfers.submit(StepPlan(step=0, swapped_in=["r"], swap_in={"m": copies}))
     transfers.wait_swapped_in(["r"])
     landed = (device == 3.0).all()  # queued on the compute stream, after the wait

@@ -78,6 +78,8 @@ def test_greedy_tokens_equal_transformers_generate(
         "blocks_swapped_out",
         "blocks_swapped_in",
         "remapped_layers_max",
+        "layers_streamed",
+        "layers_restored",
         "steps",
     }
 

@@ -126,6 +126,20 @@ def test_cli_writes_a_preset_and_a_config_file(tmp_path: Path) -> None:
     assert (loaded.arch.num_layers, loaded.arch.sliding_window) == (1, None)
 
 
+def test_cli_layers_override_the_presets_depth(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "deep"
+    assert (
+        main(["model", "init", "--preset", "tiny-llama", "--layers", "6", "--out", str(out)]) == 0
+    )
+    assert load_model(out, device=CPU).arch.num_layers == 6
+    assert (
+        main(["model", "init", "--preset", "tiny-llama", "--layers", "0", "--out", str(out)]) == 2
+    )
+    assert "--layers must be at least 1" in capsys.readouterr().err
+
+
 def test_cli_rejects_an_unknown_preset(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["model", "init", "--preset", "gpt-5", "--out", str(tmp_path)])

@@ -130,15 +130,38 @@ def test_the_arena_counts_fully_free_chunks_of_every_tracked_size() -> None:
     assert (arena.num_free_chunks(1), arena.num_free_chunks(3)) == (9, 3)
     arena.convert([4], FREE, PageOwner.kv("m"))
     assert (arena.num_free_chunks(1), arena.num_free_chunks(3)) == (8, 2)
-    assert arena.take_free_chunks(3, 2) == [0, 2]
+    assert arena.claim_chunks(3, 2, PageOwner.kv("m")) == [0, 2]  # the lowest free ones
     taken = [*range(0, 3), *range(6, 9)]
-    arena.convert(taken, FREE, PageOwner.kv("m"))  # the caller converts them at once
+    assert all(arena.owner(p) == PageOwner.kv("m") for p in taken)
     assert (arena.num_free_chunks(1), arena.num_free_chunks(3)) == (2, 0)
-    arena.convert([*taken, 4], PageOwner.kv("m"), FREE)
-    assert arena.take_free_chunks(3, 3) == [0, 1, 2]
-    with pytest.raises(ValueError):
-        arena.take_free_chunks(3, 4)
     arena.check_integrity()
+    arena.convert([4], PageOwner.kv("m"), FREE)
+    arena.release_chunks(3, [0, 2], PageOwner.kv("m"))  # an equal owner, not the same one
+    assert arena.num_free_pages == 9
+    assert arena.num_free_chunks(3) == 3
+    with pytest.raises(ValueError):
+        arena.claim_chunks(3, 4, PageOwner.kv("m"))
+    assert arena.num_free_pages == 9
+    assert arena.claim_chunks(3, 3, PageOwner.kv("m")) == [0, 1, 2]
+    arena.check_integrity()
+
+
+def test_release_chunks_checks_every_page_before_freeing_any() -> None:
+    arena = Arena(num_pages=4, page_bytes=100)
+    arena.track_chunks(2)
+    kv = PageOwner.kv("m")
+    assert arena.claim_chunks(2, 2, kv) == [0, 1]
+    arena.convert([3], kv, PageOwner.kv("x"))
+    version = arena.version
+    with pytest.raises(ValueError):
+        arena.release_chunks(2, [0, 1], kv)  # page 3 is not m's
+    assert arena.num_free_pages == 0 and arena.version == version
+    with pytest.raises(ValueError):
+        arena.release_chunks(2, [0, 0], kv)
+    arena.release_chunks(2, [0], kv)
+    assert arena.num_free_chunks(2) == 1
+    arena.check_integrity()
+    assert arena.claim_chunks(2, 1, PageOwner.kv("y")) == [0]
 
 
 def test_a_draining_chunk_allocates_nothing_and_is_released_once_empty() -> None:

@@ -7,7 +7,7 @@ import dataclasses
 from shunter.engine.memory.arena import FREE, PageOwner
 from shunter.engine.memory.manager import KVMemory
 from shunter.engine.plan import StepPlan
-from shunter.engine.request import RequestState
+from shunter.engine.request import Request, RequestState
 from tests.engine.fakes import TINY, request, tiny_config
 
 TALL = dataclasses.replace(TINY, name="tall", num_layers=8)
@@ -71,3 +71,41 @@ def test_a_cancelled_take_back_gives_the_pages_to_the_kv_cache_again() -> None:
     memory.end_step()
     assert memory.arena.num_free_pages == free
     memory.check_integrity([])
+
+
+def test_taking_a_frame_back_never_moves_kv_into_that_frame() -> None:
+    # A chunk over the frame that empties is given back to the arena while the frame is
+    # taken back; the live blocks of the frame's other chunks must then move elsewhere,
+    # not into that chunk, or they would move back and forth every step and the frame
+    # would never come back.
+    memory = memory_with_no_free_kv()
+    for frame in (3, 4):
+        memory.release_frame("tall", frame)
+    memory.begin_step(StepPlan(step=0))
+    gone, live = request("gone", 4 * 3, 4, model="tall"), request("live", 4 * 3, 4, model="tall")
+    for r in (gone, live):
+        memory.allocate(r)  # the lowest free pages: frame 4's
+        r.state = RequestState.RUNNING
+        r.num_computed_tokens = 12
+        memory.mark_computed(r)
+    memory.free(gone)  # its chunk stays with the pool, empty
+    memory.end_step()
+    frame_4 = set(memory.frame_pages("tall", 4))
+    pool = memory._pools["tall"]
+
+    def pages_of(r: Request) -> set[int]:
+        ids = memory.block_ids(r.id)
+        return {p for b in ids for p in pool.chunk_pages(b // pool.blocks_per_chunk)}
+
+    assert pages_of(live) <= frame_4
+    plan = StepPlan(step=1)
+    memory.begin_step(plan)
+    assert not memory.vacate_frame("tall", 4)
+    assert plan.moves["tall"]
+    assert not pages_of(live) & frame_4
+    memory.end_step()
+    memory.complete([1])
+    memory.begin_step(StepPlan(step=2))
+    assert memory.vacate_frame("tall", 4)
+    memory.end_step()
+    memory.check_integrity([live])

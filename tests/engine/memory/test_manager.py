@@ -9,7 +9,7 @@ import pytest
 from shunter.engine.config import ModelSpec, RotationConfig
 from shunter.engine.memory.arena import FREE, OwnerKind
 from shunter.engine.memory.manager import KVMemory
-from shunter.engine.plan import BlockCopy, StepPlan
+from shunter.engine.plan import StepPlan
 from shunter.engine.request import Request, RequestState
 from tests.engine.fakes import TINY, request, tiny_config
 
@@ -91,7 +91,7 @@ def test_blocks_become_synced_when_full_and_written_blocks_lose_host_copies() ->
     h.memory.mark_computed(r)
     h.swap_out(r)
     # Only the rewritten DIRTY block is copied: SYNCED host copies stay valid.
-    assert h.plan.swap_out["tiny"] == [BlockCopy(h.plan.swap_out["tiny"][0].device_block, 2)]
+    assert h.plan.swap_out["tiny"].hosts == [2] and len(h.plan.swap_out["tiny"].devices) == 1
     h.next_step()
 
 
@@ -136,6 +136,39 @@ def test_preempting_a_block_still_rotating_waits_for_that_copy() -> None:
     assert h.memory.num_free_blocks("tiny") == 8 and h.memory.can_swap_in(r)
 
 
+def test_swap_out_answers_whether_its_copies_have_landed() -> None:
+    h = Harness(kv_blocks=8, rotation=ALWAYS)
+    rotated = h.running("a", prompt=8, computed=8)
+    assert h.memory.rotate() == 2
+    h.next_step()
+    dirty = h.running("b", prompt=6, computed=6)
+    assert h.memory.swap_out(rotated)  # every block has a landed host copy: nothing to copy
+    assert not h.memory.swap_out(dirty)  # copied this step
+    assert h.memory.has_landed(rotated) and not h.memory.has_landed(dirty)
+    rotated.state = dirty.state = RequestState.ROTARY
+    h.next_step()
+
+
+def test_try_swap_in_is_can_swap_in_then_swap_in() -> None:
+    h = Harness(kv_blocks=4)
+    a = h.running("a", prompt=8, computed=8)  # 2 blocks
+    h.swap_out(a)
+    assert not h.memory.try_swap_in(a)  # its copies have not landed
+    assert "tiny" not in h.plan.swap_in and h.memory.num_free_blocks("tiny") == 2
+    h.next_step()
+    b = h.running("b", prompt=12, computed=12)  # 3 of 4 blocks: a's 2 do not fit
+    assert not h.memory.can_swap_in(a) and not h.memory.try_swap_in(a)
+    assert "tiny" not in h.plan.swap_in and h.memory.num_free_blocks("tiny") == 1
+    h.swap_out(b)
+    h.next_step()
+    assert h.memory.can_swap_in(a) and h.memory.try_swap_in(a)
+    a.state = RequestState.RUNNING
+    assert len(h.plan.swap_in["tiny"]) == 2 and h.memory.blk(a) == 2
+    assert not h.memory.is_resident(a)
+    h.next_step()
+    assert h.memory.is_resident(a)
+
+
 def test_no_h2d_into_a_block_whose_d2h_is_pending() -> None:
     h = Harness(kv_blocks=3)
     a = h.running("a", prompt=8, computed=8)  # 2 blocks
@@ -143,11 +176,11 @@ def test_no_h2d_into_a_block_whose_d2h_is_pending() -> None:
     h.swap_out(b)
     h.next_step()
     h.swap_out(a)  # both of a's blocks have D2H copies in flight
-    sources = {c.device_block for c in h.plan.swap_out["tiny"]}
+    sources = set(h.plan.swap_out["tiny"].devices)
     # b needs one block: only the block that was never a D2H source qualifies.
     assert h.memory.can_swap_in(b)
     h.swap_in(b)
-    (dst,) = (c.device_block for c in h.plan.swap_in["tiny"])
+    (dst,) = h.plan.swap_in["tiny"].devices
     assert dst not in sources
     assert h.memory.num_free_blocks("tiny") == 0
     h.next_step()
@@ -196,6 +229,30 @@ def test_compaction_gives_empty_chunks_back_and_moves_blocks_down() -> None:
     h.next_step()
     assert m.compact("half") == 1  # chunk 1 emptied when the move completed
     assert m.arena.num_free_pages == held + 2
+    h.next_step()
+
+
+def test_compaction_asked_for_some_bytes_gives_back_that_many_empty_chunks_highest_first() -> None:
+    h = Harness(kv_blocks=8)
+    m = h.memory
+    rs = [h.running(f"r{i}", prompt=4, computed=4) for i in range(6)]  # blocks 0..5
+    for r in (rs[1], rs[3], rs[4]):
+        m.free(r)
+        r.state = RequestState.FINISHED
+    free_pages = m.arena.num_free_pages
+    block = m.block_bytes("tiny")
+    # Three empty chunks (one block each); 1.5 blocks' worth asked: the two highest go.
+    assert m.compact("tiny", block + block // 2) == 2
+    assert m.arena.num_free_pages == free_pages + 2
+    assert m.num_held_free_blocks("tiny") == 1  # block 1 stays with its model
+    assert not h.plan.moves  # covered by empty chunks: nothing drains, nothing moves
+    assert m.compact("tiny", 0) == 0
+    assert m.compact("tiny") == 1  # without a figure: every empty chunk
+    h.next_step()
+    m.allocate(r := request("new", 8, 1))
+    r.state = RequestState.RUNNING
+    h.requests.append(r)
+    assert m.block_ids("new") == [1, 3]  # the lowest free chunks of the arena
     h.next_step()
 
 

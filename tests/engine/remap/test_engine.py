@@ -167,3 +167,54 @@ def test_random_multi_model_workloads_finish_with_memory_consistent(
     event("remapped" if max(lent) else "never remapped")
     if max(lent) and lent[-1] < max(lent):
         event("restored")
+
+
+sharings = st.tuples(*[st.sampled_from(["temporal", "spatial"])] * 3)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    workload=workloads,
+    sharing=sharings,
+    changes=st.lists(
+        st.tuples(st.integers(0, 40), sharings, st.permutations([0, 1, 2])), max_size=4
+    ),
+    kv_blocks=st.integers(3, 10),
+)
+def test_re_tenanting_a_running_engine_keeps_memory_consistent_and_finishes_everything(
+    workload: list[tuple[int, str, int, int]],
+    sharing: tuple[str, str, str],
+    changes: list[tuple[int, tuple[str, str, str], list[int]]],
+    kv_blocks: int,
+) -> None:
+    core, clock = make(kv_blocks=kv_blocks, sharing=sharing)
+    requests = [
+        (step, request(f"r{i}", prompt, output, model=model))
+        for i, (step, model, prompt, output) in enumerate(workload)
+    ]
+    arrivals = sorted(requests, key=lambda a: a[0])
+    retenant = sorted(changes, key=lambda c: c[0])
+    step = 0
+    while arrivals or retenant or not core.is_idle():
+        assert step < 3000, "no progress"
+        while arrivals and arrivals[0][0] <= step:
+            r = arrivals.pop(0)[1]
+            r.t_arr = clock.now()
+            core.add_request(r)
+        while retenant and retenant[0][0] <= step:
+            _, modes, priorities = retenant.pop(0)
+            live = dict(core.scheduler.requests)
+            switches = core.scheduler.tenancy.num_switches
+            core.scheduler.set_tenants(
+                [
+                    TenantSpec(m.name, sharing=s, priority=p)
+                    for m, s, p in zip(MODELS, modes, priorities, strict=True)
+                ]
+            )
+            assert core.scheduler.requests == live
+            assert core.scheduler.tenancy.num_switches == switches
+            core.check_integrity()
+        core.step()  # checks memory integrity after the step
+        check_weights(core, core.executor.plans[-1])  # type: ignore[attr-defined]
+        step += 1
+    assert all(r.num_output_tokens == r.max_output_tokens for _, r in requests)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from shunter.engine.config import ModelSpec, RotationConfig, TenantSpec
 from shunter.engine.core import EngineCore
 from shunter.engine.request import Request, RequestState
@@ -188,6 +190,29 @@ def test_a_model_short_of_blocks_gets_the_empty_chunks_of_the_others() -> None:
     assert wide.num_output_tokens == 2
 
 
+def test_an_executing_model_gives_back_only_the_chunks_another_lacks_an_idle_one_all() -> None:
+    for busy in (True, False):
+        core, _ = make_core(tiny_config(kv_blocks=8, models=(TINY, OTHER), policy="fcfs"))
+        first = [request(f"a{i}", 12, 2, model="other") for i in range(2)]  # all 8 blocks
+        for r in first:
+            core.add_request(r)
+        while not core.is_idle():
+            core.step()
+        memory = core.memory
+        assert memory.num_held_free_blocks("other") == 8 and memory.num_free_blocks("tiny") == 0
+        if busy:
+            core.add_request(request("long", 3, 20, model="other"))  # one block to start
+        four = request("four", 14, 2)  # 4 blocks
+        core.add_request(four)
+        core.step()
+        assert four.state is RequestState.WAITING
+        # Busy, it gave back the 4 blocks "tiny" lacks and kept the rest; idle, all.
+        assert memory.num_held_free_blocks("other") == (3 if busy else 0)
+        while not core.is_idle():
+            core.step()
+        assert four.num_output_tokens == 2
+
+
 def test_temporal_models_take_turns_and_a_blocked_holder_passes_the_turn() -> None:
     tenants = (TenantSpec("tiny", sharing="temporal"), TenantSpec("other", sharing="temporal"))
     config = tiny_config(kv_blocks=12, models=(TINY, OTHER), tenants=tenants, policy="fcfs")
@@ -214,3 +239,109 @@ def test_temporal_models_take_turns_and_a_blocked_holder_passes_the_turn() -> No
     while not core.is_idle():
         core.step()
     assert stuck.num_output_tokens == 2 and all(r.num_output_tokens == 8 for r in hog)
+
+
+def _two_models(sharing: str, **kwargs: object) -> tuple[EngineCore, list[Request]]:
+    """ "tiny" and "other", both ``sharing``, three long requests each, all admitted."""
+    tenants = (TenantSpec("tiny", sharing=sharing), TenantSpec("other", sharing=sharing))
+    config = tiny_config(
+        kv_blocks=40, models=(TINY, OTHER), tenants=tenants, turn_quantum_s=10.0, **kwargs
+    )
+    core, _ = make_core(config)
+    requests = [request(f"{m}{i}", 4, 40, model=m) for m in ("tiny", "other") for i in range(3)]
+    for r in requests:
+        core.add_request(r)
+    return core, requests
+
+
+def _batched(core: EngineCore) -> set[str]:
+    return {e.model for e in core.executor.plans[-1].batch}  # type: ignore[attr-defined]
+
+
+def test_set_tenants_turns_spatial_models_temporal_at_the_next_step_keeping_requests() -> None:
+    core, requests = _two_models("spatial")
+    for _ in range(3):
+        core.step()
+    assert _batched(core) == {"tiny", "other"}
+    states = {r.id: (r.state, r.num_computed_tokens) for r in requests}
+    core.scheduler.set_tenants(
+        [TenantSpec("tiny", sharing="temporal"), TenantSpec("other", sharing="temporal")]
+    )
+    # Nothing moved: every request is where it was, with its KV.
+    assert {r.id: (r.state, r.num_computed_tokens) for r in requests} == states
+    assert set(core.scheduler.requests) == {r.id for r in requests}
+    core.step()
+    assert len(_batched(core)) == 1  # one model at a time from the next step on
+    holder = core.scheduler.tenancy.holder
+    assert _batched(core) == {holder}
+    # And back: both run again at the next step, the turn history kept.
+    core.scheduler.set_tenants([TenantSpec("tiny"), TenantSpec("other")])  # defaults: spatial
+    assert core.scheduler.tenancy.holder is None
+    core.step()
+    assert _batched(core) == {"tiny", "other"}
+    while not core.is_idle():
+        core.step()
+    assert all(r.num_output_tokens == 40 for r in requests)
+
+
+def test_set_tenants_keeps_a_temporal_holder_its_turn_and_the_switch_count() -> None:
+    core, _ = _two_models("temporal")
+    for _ in range(3):
+        core.step()
+    tenancy = core.scheduler.tenancy
+    holder, switches = tenancy.holder, tenancy.num_switches
+    last_active = dict(tenancy.t_last_active)
+    assert holder is not None
+    core.scheduler.set_tenants(
+        [
+            TenantSpec("tiny", sharing="temporal", priority=2),
+            TenantSpec("other", sharing="temporal", priority=1),
+        ]
+    )
+    assert tenancy.holder == holder and tenancy.num_switches == switches
+    assert tenancy.t_last_active == last_active
+    assert tenancy.tenants["tiny"].priority == 2
+    core.step()
+    assert _batched(core) == {holder}  # within its quantum it keeps running
+
+
+def test_set_tenants_bounds_claims_from_now_on_and_refuses_bounds_a_request_cannot_fit() -> None:
+    core, requests = _two_models("spatial")
+    core.step()
+    memory = core.memory
+    block = memory.block_bytes("other")
+    held = memory.held_bytes()["other"] // block
+    held_free = memory.num_held_free_blocks("other")
+    assert 0 < held < 12 and memory.num_free_blocks("other") > 12 - held + held_free
+    # A ceiling of 12 blocks (each request needs 11): "other" keeps what it holds and
+    # may claim up to the ceiling.
+    core.scheduler.set_tenants([TenantSpec("other", kv_ceiling=12 * block)])
+    assert memory.held_bytes()["other"] == held * block
+    assert memory.num_free_blocks("other") == 12 - held + held_free
+    assert memory.num_total_blocks("other") == 12
+    for _ in range(30):  # three requests of 11 blocks: more than the ceiling holds
+        core.step()
+        assert memory.held_bytes()["other"] <= 12 * block
+    assert memory.held_bytes()["other"] == 12 * block
+    # A floor for "tiny" is memory "other" may never hold (and the ceiling is gone).
+    core.scheduler.set_tenants([TenantSpec("tiny", kv_floor=20 * block)])
+    assert memory.num_total_blocks("other") == 20 and memory.num_total_blocks("tiny") == 40
+    # A 10-block ceiling, or a 30-block floor for the other model, would strand a
+    # request for good: refused, and nothing changes.
+    for bad in (
+        [TenantSpec("tiny", sharing="temporal"), TenantSpec("other", kv_ceiling=10 * block)],
+        [TenantSpec("tiny", sharing="temporal", kv_floor=30 * block)],
+    ):
+        with pytest.raises(ValueError, match="needs 11 KV blocks"):
+            core.scheduler.set_tenants(bad)
+    assert memory.bounds.floors == {"tiny": 20 * block} and not memory.bounds.ceilings
+    assert core.scheduler.tenancy.temporal == []
+    with pytest.raises(ValueError, match="distinct served models"):
+        core.scheduler.set_tenants([TenantSpec("tiny"), TenantSpec("tiny")])
+    with pytest.raises(ValueError, match="distinct served models"):
+        core.scheduler.set_tenants([TenantSpec("nope")])
+    core.scheduler.set_tenants([])  # every model back to the defaults
+    assert memory.bounds.unbounded
+    while not core.is_idle():
+        core.step()
+    assert all(r.num_output_tokens == 40 for r in requests)

@@ -85,3 +85,50 @@ def test_bad_tenants_are_rejected() -> None:
         TenantSpec("x", kv_floor=10, kv_ceiling=5)
     with pytest.raises(ValueError, match="one tenant per model"):
         Tenancy([TenantSpec("x"), TenantSpec("x")], min_quantum_s=0.0)
+
+
+def test_set_tenants_keeps_the_turn_history_and_counts_and_drops_a_holder_gone_spatial() -> None:
+    t = tenancy(quantum=0.0)
+    step(t, 0.0, {"t2": 0.0})
+    step(t, 1.0, {"t2": 0.0, "t3": 5.0})
+    assert t.holder == "t3" and t.num_switches == 1
+    history = dict(t.t_last_active)
+    # t2 turns spatial, s temporal; t3 stays temporal and keeps the turn.
+    t.set_tenants(
+        [
+            TenantSpec("s", sharing="temporal", priority=3),
+            TenantSpec("t1", sharing="temporal", priority=1),
+            TenantSpec("t2", sharing="spatial"),
+            TenantSpec("t3", sharing="temporal"),
+        ]
+    )
+    assert t.holder == "t3" and t.num_switches == 1 and t.t_last_active == history
+    assert t.spatial == ["t2"] and t.temporal == ["s", "t1", "t3"]
+    assert t.tenants["s"].priority == 3
+    assert t.is_active("t2") and not t.is_active("s")
+    # The next step runs the new spatial model beside the holder, not the new temporal one.
+    assert step(t, 2.0, {"s": 0.0, "t2": 0.0, "t3": 1.0}) == ["t2", "t3"]
+
+    # The holder turns spatial: nobody holds the turn until the next step hands it on.
+    t.set_tenants(
+        [
+            TenantSpec("s", sharing="temporal"),
+            TenantSpec("t1", sharing="temporal"),
+            TenantSpec("t2", sharing="spatial"),
+            TenantSpec("t3", sharing="spatial"),
+        ]
+    )
+    assert t.holder is None and t.is_active("t3")
+    assert step(t, 3.0, {"s": 2.0, "t1": 1.0, "t3": 0.0}) == ["t3", "s"]
+    assert t.holder == "s" and t.num_switches == 1  # handing on a vacant turn is no switch
+
+
+def test_set_tenants_wants_every_model_once() -> None:
+    t = tenancy()
+    with pytest.raises(ValueError, match="one tenant per model"):
+        t.set_tenants([TenantSpec("s"), TenantSpec("s")])
+    with pytest.raises(ValueError, match="wanted"):
+        t.set_tenants([TenantSpec("s"), TenantSpec("t1"), TenantSpec("t2")])
+    with pytest.raises(ValueError, match="wanted"):
+        t.set_tenants([TenantSpec(m) for m in ("s", "t1", "t2", "t3", "x")])
+    assert t.temporal == ["t1", "t2", "t3"]  # unchanged

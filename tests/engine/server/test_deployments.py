@@ -34,6 +34,28 @@ def _put(srv: ServerThread, body: Any) -> Any:
     return request("PUT", srv.url + "/admin/deployments", body=json.dumps(body).encode())
 
 
+def _long_stream(
+    srv: ServerThread, *, max_tokens: int
+) -> tuple[asyncio.AbstractEventLoop, asyncio.Task[bytes]]:
+    """A streamed completion of ``max_tokens`` tokens (EOS ignored) from 'llama', on an
+    event loop of its own, 0.3 s under way: the loop and the task that reads the whole
+    stream."""
+
+    async def read() -> bytes:
+        body = {"model": "llama", "prompt": "hi", "max_tokens": max_tokens, "stream": True}
+        body["ignore_eos"] = True
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(srv.url + "/v1/completions", json=body) as r,
+        ):
+            return await r.read()
+
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(read())
+    loop.run_until_complete(asyncio.sleep(0.3))
+    return loop, task
+
+
 def _models(srv: ServerThread) -> list[str]:
     return sorted(m["id"] for m in request("GET", srv.url + "/v1/models").json()["data"])
 
@@ -72,26 +94,33 @@ def test_reconfigure_in_place(srv: ServerThread, model_dirs: dict[str, Path]) ->
     assert state["models"]["llama"]["sharing"] == "spatial"
     assert srv.state.models["llama"].arg.slo is not None
     assert srv.state.models["llama"].arg.slo.tbt_s == 0.05
+    # The running scheduler took the change: llama now executes as a spatial model.
+    assert state["tenancy"] == {
+        "turn_holder": None,
+        "temporal": [],
+        "spatial": ["llama"],
+        "turn_switches": 0,
+    }
+    assert state["models"]["llama"]["active"]
+    tenant = loop.engine.core.scheduler.tenancy.tenants["llama"]
+    assert tenant.slo is not None and tenant.slo.name == "gold"
+    assert _complete(srv, "llama") == 200
+
+
+def test_bounds_a_live_request_cannot_fit_are_refused(
+    srv: ServerThread, model_dirs: dict[str, Path]
+) -> None:
+    loop, task = _long_stream(srv, max_tokens=1000)
+    model = {"name": "llama", "path": str(model_dirs["tiny-llama"]), "kv_ceiling": 4096}
+    r = _put(srv, {"models": [model]})
+    assert r.status_code == 400 and "cannot be applied" in r.json()["error"]["message"]
+    assert srv.state.settings.models[0].kv_ceiling is None
+    assert loop.run_until_complete(task).rstrip().endswith(b"data: [DONE]")
+    loop.close()
 
 
 def test_add_and_remove_models(srv: ServerThread, model_dirs: dict[str, Path]) -> None:
-    async def long_stream() -> bytes:
-        body = {
-            "model": "llama",
-            "prompt": "hi",
-            "max_tokens": 1500,
-            "stream": True,
-            "ignore_eos": True,
-        }
-        async with (
-            aiohttp.ClientSession() as session,
-            session.post(srv.url + "/v1/completions", json=body) as r,
-        ):
-            return await r.read()
-
-    loop = asyncio.new_event_loop()
-    task = loop.create_task(long_stream())
-    loop.run_until_complete(asyncio.sleep(0.3))
+    loop, task = _long_stream(srv, max_tokens=1500)
     r = _put(srv, {"models": [{"name": "qwen", "path": str(model_dirs["tiny-qwen2"])}]})
     assert r.status_code == 200, r.text
     assert r.json()["added"] == ["qwen"] and r.json()["removed"] == ["llama"]

@@ -59,3 +59,10 @@ def test_bad_config_files(tmp_path: Path, text: str, message: str) -> None:
 def test_duplicate_names_are_refused() -> None:
     with pytest.raises(SettingsError, match="unique"):
         load_settings(None, ["a=/x", "a=/y"])
+
+
+def test_the_shipped_example_config_parses() -> None:
+    example = Path(__file__).resolve().parents[3] / "deploy" / "engine.toml"
+    settings = load_settings(example, [])
+    assert settings.remap and settings.capacity_order[0] == "free"
+    assert {m.sharing for m in settings.models} <= {"spatial", "temporal"}

@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 
+from shunter.engine.sim.hardware import get_profile, profile_json
 from shunter.platform.cli import main
 
 
@@ -43,8 +44,20 @@ def test_simulate_prints_a_simulated_table_and_writes_json_and_plot(
 def test_simulate_rejects_bad_rates_and_unknown_models(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["simulate", "--rps", "4,x"])
-    with pytest.raises(ValueError, match="unknown model"):
-        main(["simulate", "--model", "gpt-9", "--rps", "1", "--duration", "1"])
+    capsys.readouterr()
+    assert main(["simulate", "--model", "gpt-9", "--rps", "1", "--duration", "1"]) == 2
+    assert "shunter simulate: " in capsys.readouterr().err
+
+
+def test_simulate_says_when_the_weights_do_not_fit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    small = {**profile_json(get_profile("h100")), "name": "small", "hbm_bytes": 8e9}
+    (tmp_path / "small.json").write_text(json.dumps(small))
+    argv = ["simulate", "--model", "qwen2.5-32b", "--hardware", str(tmp_path / "small.json")]
+    assert main([*argv, "--rps", "1", "--duration", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("shunter simulate: weights need") and "Traceback" not in err
 
 
 def test_simulate_a_scenario_compares_variants_per_sharing_mode(

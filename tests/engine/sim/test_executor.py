@@ -1,6 +1,6 @@
 import pytest
 
-from shunter.engine.plan import BatchEntry, BlockCopy, BlockMove, LayerLoad, SlotStream, StepPlan
+from shunter.engine.plan import BatchEntry, BlockCopies, BlockMove, LayerLoad, SlotStream, StepPlan
 from shunter.engine.sim.catalog import get_model
 from shunter.engine.sim.clock import VirtualClock
 from shunter.engine.sim.cost import CopyBatch, CopyCostModel, SeqWork, StepCostModel
@@ -31,8 +31,8 @@ def decode(rid: str, context: int = 100) -> BatchEntry:
     return BatchEntry(rid, QWEN.name, 1, context, is_prefill=False, samples=True)
 
 
-def copies(n: int, start: int = 0) -> list[BlockCopy]:
-    return [BlockCopy(start + i, start + i) for i in range(n)]
+def copies(n: int, start: int = 0) -> BlockCopies:
+    return BlockCopies(list(range(start, start + n)), list(range(start, start + n)))
 
 
 def test_clock_never_goes_back() -> None:

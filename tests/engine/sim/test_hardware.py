@@ -14,6 +14,7 @@ from shunter.engine.sim.hardware import (
     h100,
     h200,
     load_profile,
+    profile_json,
 )
 
 
@@ -83,3 +84,21 @@ def test_load_profile_rejects_missing_keys_and_bad_curves(tmp_path: Path) -> Non
         )
     with pytest.raises(ValueError, match="unknown hardware"):
         get_profile("tpu")
+
+
+@pytest.mark.parametrize("profile", list(PROFILES.values()), ids=list(PROFILES))
+def test_profile_json_round_trips_through_load_profile(
+    profile: HardwareProfile, tmp_path: Path
+) -> None:
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps(profile_json(profile)))
+    loaded = load_profile(path)
+    assert loaded == profile
+    assert loaded.sources == profile.sources
+
+
+def test_load_profile_ignores_a_calibration_object(tmp_path: Path) -> None:
+    raw = {**profile_json(h200), "calibration": {"models": {"m": {"t_decode": 0.01}}}}
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps(raw))
+    assert load_profile(path) == h200

@@ -2,6 +2,7 @@ import pytest
 
 from shunter.engine.sim.metrics import (
     RequestRecord,
+    e2e,
     itls,
     meets_tbt,
     meets_ttft,
@@ -22,6 +23,7 @@ def test_ttft_tpot_and_itl_of_one_request() -> None:
     # (e2e - TTFT) / (n - 1) = (1.1 - 0.5) / 3
     assert tpot(r) == pytest.approx(0.2)
     assert itls(r) == pytest.approx([0.1, 0.2, 0.3])
+    assert e2e(r) == pytest.approx(1.1)
 
 
 def test_single_token_request_has_no_tpot_and_meets_tbt() -> None:
@@ -58,6 +60,13 @@ def test_summary_on_hand_built_records() -> None:
     # Gaps of succeeded requests: 0.05, 0.05, 0.05, 0.5, 0.5 -> 3 of 5 within 0.1 s.
     assert s.itl_within_tbt == pytest.approx(0.6)
     assert s.itl_s.p50 == pytest.approx(0.05)
+    assert s.itl_s.mean == pytest.approx(1.15 / 5)
+    assert s.request_throughput == pytest.approx(0.3)
+    assert s.num_output_tokens == 8
+    # E2E of succeeded requests: 1.10, 6.05, 2.0.
+    assert s.e2e_s.mean == pytest.approx(9.15 / 3)
+    assert s.e2e_s.p50 == pytest.approx(2.0)
+    assert s.ttft_s.mean == pytest.approx(8.0 / 3)  # TTFTs 1.0, 6.0, 1.0
 
 
 def test_percentile_matches_linear_interpolation() -> None:
@@ -72,5 +81,6 @@ def test_percentile_matches_linear_interpolation() -> None:
 def test_empty_run_summarizes_to_zeros() -> None:
     s = summarize([], ttft_slo_s=1.0, tbt_slo_s=0.1, duration_s=1.0)
     assert s.slo_attainment == 0.0 and s.ttft_s.p99 is None and s.itl_within_tbt is None
+    assert s.ttft_s.mean is None and s.e2e_s.p50 is None and s.request_throughput == 0.0
     with pytest.raises(ValueError):
         summarize([], ttft_slo_s=1.0, tbt_slo_s=0.1, duration_s=0.0)

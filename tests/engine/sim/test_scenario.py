@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from shunter.engine.sim.hardware import GB, gh200_96g
@@ -45,3 +49,30 @@ def test_switches_cost_only_between_temporal_models() -> None:
     assert costs.charge(["t2"]) == 0.5
     assert costs.charge(["s"]) == 0.0 and costs.charge(["t2"]) == 0.0
     assert costs.num_switches == 1
+
+
+_RUN_C2 = """
+from shunter.engine.sim.scenario_sweep import ScenarioSpec
+from shunter.engine.sim.runner import simulate
+spec = ScenarioSpec("c2", ("temporal",), ("oneiros",), (2.0,), duration_s=35.0)
+run = simulate(spec.sim_config("oneiros", "temporal"), spec.workload("temporal", 2.0))
+print(run.num_steps, run.sim_duration_s, run.weight_stall_s, run.num_switches, run.rotations)
+"""
+
+
+def test_a_remapping_run_is_the_same_in_every_process() -> None:
+    # Taking frames back moves KV across several models' pools; an order taken from a
+    # set of objects or strings would follow addresses and the hash seed, and the same
+    # workload would give other figures in another process.
+    outputs = {
+        subprocess.run(
+            [sys.executable, "-c", _RUN_C2],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=120,
+        ).stdout
+        for seed in ("1", "5")
+    }
+    assert len(outputs) == 1, outputs
