@@ -16,7 +16,8 @@ same arguments.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -50,20 +51,112 @@ class AttentionGroup:
         )
 
 
+# Split-K: a decode's context is attended in partitions of this many tokens, combined by
+# a reduction when there is more than one (vLLM's paged attention v2 uses the same size).
+DECODE_PARTITION_TOKENS = 512
+# Prefill chunks are attended in tiles of this many queries (a kernel program each).
+PREFILL_TILE_QUERIES = 16
+
+
+@dataclass(frozen=True)
+class KernelMetadata:
+    """One step's batch as the Triton kernels read it, on the plan's device (int32).
+
+    ``query_starts[s]`` is sequence s's first packed token (``[num_seqs + 1]``, the last
+    entry the token count), ``context_lens[s]`` its length once this step's tokens are
+    cached, ``block_tables[s]`` its block table padded with block 0 (never read: every
+    read is bounded by the context length). ``decode_seqs`` lists the sequences with one
+    new token, ``prefill_tiles[i] = (s, q)`` the tiles of :data:`PREFILL_TILE_QUERIES`
+    queries of the others, q the tile's first query within the chunk.
+    ``max_decode_context`` sizes the split-K grid.
+    """
+
+    query_starts: torch.Tensor
+    context_lens: torch.Tensor
+    block_tables: torch.Tensor
+    decode_seqs: torch.Tensor
+    prefill_tiles: torch.Tensor
+    max_decode_context: int
+
+
 @dataclass(frozen=True)
 class PagedAttentionPlan:
     """One step's attention metadata, shared by every layer.
 
     ``slot_blocks[t]`` and ``slot_offsets[t]`` are where packed token t's K and V go.
-    Decodes and prefill chunks form separate groups, so a long prefill chunk does not
-    pad every decode to its length.
+    The rest is host data from which each implementation derives, at its first layer
+    and once per step, what it reads: :attr:`groups` for the reference,
+    :attr:`kernel_metadata` for the Triton kernels.
     """
 
     block_tokens: int
     num_tokens: int
     slot_blocks: torch.Tensor
     slot_offsets: torch.Tensor
-    groups: tuple[AttentionGroup, ...]
+    device: torch.device
+    sliding_window: int | None
+    decode_partition_tokens: int
+    # Host (CPU) int64 tensors: per sequence, and per packed token.
+    query_lens: torch.Tensor = field(repr=False)
+    context_lens: torch.Tensor = field(repr=False)
+    table_lens: torch.Tensor = field(repr=False)
+    tables: torch.Tensor = field(repr=False)
+    positions: torch.Tensor = field(repr=False)
+
+    @cached_property
+    def groups(self) -> tuple[AttentionGroup, ...]:
+        """The reference's groups: decodes and prefill chunks apart, so a long prefill
+        chunk does not pad every decode to its length."""
+        is_decode = self.query_lens == 1
+        return tuple(
+            self._group(torch.nonzero(is_decode == wanted).flatten()).to(self.device)
+            for wanted in (True, False)
+            if bool((is_decode == wanted).any())
+        )
+
+    @cached_property
+    def kernel_metadata(self) -> KernelMetadata:
+        q_lens = self.query_lens
+        decode_seqs = torch.nonzero(q_lens == 1).flatten()
+        prefill_seqs = torch.nonzero(q_lens > 1).flatten()
+        num_tiles = (q_lens[prefill_seqs] + PREFILL_TILE_QUERIES - 1) // PREFILL_TILE_QUERIES
+        tile_seq = torch.repeat_interleave(prefill_seqs, num_tiles)
+        first_tile = torch.cumsum(num_tiles, 0) - num_tiles
+        tile_index = torch.arange(len(tile_seq)) - torch.repeat_interleave(first_tile, num_tiles)
+        tiles = torch.stack([tile_seq, tile_index * PREFILL_TILE_QUERIES], dim=1)
+        starts = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(q_lens, 0)])
+        decode_ctx = self.context_lens[decode_seqs]
+        return KernelMetadata(
+            query_starts=starts.to(torch.int32).to(self.device),
+            context_lens=self.context_lens.to(torch.int32).to(self.device),
+            block_tables=self.tables.to(torch.int32).to(self.device),
+            decode_seqs=decode_seqs.to(torch.int32).to(self.device),
+            prefill_tiles=tiles.to(torch.int32).to(self.device),
+            max_decode_context=int(decode_ctx.max()) if len(decode_ctx) else 0,
+        )
+
+    def _group(self, index: torch.Tensor) -> AttentionGroup:
+        lens = self.query_lens[index]
+        cu_q = torch.cumsum(self.query_lens, 0) - self.query_lens
+        max_q = int(lens.max())
+        steps = torch.arange(max_q)
+        valid = steps[None, :] < lens[:, None]
+        # Padding rows repeat the sequence's last query, so no row is fully masked (no NaN).
+        token_index = cu_q[index, None] + torch.minimum(steps[None, :], lens[:, None] - 1)
+        query_pos = self.positions[token_index]
+        tables = self.tables[index, : int(self.table_lens[index].max())]
+        context = torch.arange(tables.shape[1] * self.block_tokens)
+        # Positions past a sequence's length are later than all its queries: masked here.
+        mask = context[None, None, :] <= query_pos[:, :, None]
+        if self.sliding_window is not None:
+            mask &= context[None, None, :] > query_pos[:, :, None] - self.sliding_window
+        return AttentionGroup(
+            token_index=token_index,
+            block_tables=tables,
+            mask=mask[:, None, None],
+            valid_index=torch.nonzero(valid.flatten()).flatten(),
+            tokens=token_index[valid],
+        )
 
 
 def plan_paged_attention(
@@ -74,13 +167,14 @@ def plan_paged_attention(
     block_tokens: int,
     device: torch.device,
     sliding_window: int | None = None,
+    decode_partition_tokens: int = DECODE_PARTITION_TOKENS,
 ) -> PagedAttentionPlan:
     """Index tensors for a batch whose sequence s brings ``query_lens[s]`` new tokens.
 
     ``context_lens[s]`` counts the sequence's tokens once this step's are cached (the
     new ones are its last ``query_lens[s]``); its block table must cover them.
     ``sliding_window`` limits each query to that many most recent positions, its own
-    included.
+    included. ``decode_partition_tokens`` is the split-K partition of the Triton decode.
     """
     if not (len(query_lens) == len(context_lens) == len(block_tables)) or not query_lens:
         raise ValueError("need one query length, context length and block table per sequence")
@@ -89,66 +183,31 @@ def plan_paged_attention(
             raise ValueError(f"need 1 <= query_len <= context_len, got {q_len}, {ctx_len}")
         if len(table) * block_tokens < ctx_len:
             raise ValueError(f"block table of {len(table)} blocks cannot hold {ctx_len} tokens")
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
+    if decode_partition_tokens < 1:
+        raise ValueError(f"decode_partition_tokens must be >= 1, got {decode_partition_tokens}")
     q_lens = torch.tensor(query_lens, dtype=torch.int64)
-    starts = torch.tensor(context_lens, dtype=torch.int64) - q_lens
+    ctx_lens = torch.tensor(context_lens, dtype=torch.int64)
+    starts = ctx_lens - q_lens
     cu_q = torch.cumsum(q_lens, 0) - q_lens
     seq_of_token = torch.repeat_interleave(torch.arange(len(query_lens)), q_lens)
     positions = starts[seq_of_token] + torch.arange(int(q_lens.sum())) - cu_q[seq_of_token]
     tables = _padded_tables(block_tables, range(len(block_tables)))
     slot_blocks = tables[seq_of_token, positions // block_tokens]
-    is_decode = [q == 1 for q in query_lens]
-    groups = tuple(
-        _plan_group(
-            seqs=[s for s, decode in enumerate(is_decode) if decode is wanted],
-            q_lens=q_lens,
-            cu_q=cu_q,
-            positions=positions,
-            block_tables=block_tables,
-            block_tokens=block_tokens,
-            sliding_window=sliding_window,
-        ).to(device)
-        for wanted in (True, False)
-        if wanted in is_decode
-    )
     return PagedAttentionPlan(
         block_tokens=block_tokens,
         num_tokens=int(q_lens.sum()),
         slot_blocks=slot_blocks.to(device),
         slot_offsets=(positions % block_tokens).to(device),
-        groups=groups,
-    )
-
-
-def _plan_group(
-    *,
-    seqs: list[int],
-    q_lens: torch.Tensor,
-    cu_q: torch.Tensor,
-    positions: torch.Tensor,
-    block_tables: Sequence[Sequence[int]],
-    block_tokens: int,
-    sliding_window: int | None,
-) -> AttentionGroup:
-    index = torch.tensor(seqs, dtype=torch.int64)
-    lens = q_lens[index]
-    max_q = int(lens.max())
-    steps = torch.arange(max_q)
-    valid = steps[None, :] < lens[:, None]
-    # Padding rows repeat the sequence's last query, so no row is fully masked (no NaN).
-    token_index = cu_q[index, None] + torch.minimum(steps[None, :], lens[:, None] - 1)
-    query_pos = positions[token_index]
-    tables = _padded_tables(block_tables, seqs)
-    context = torch.arange(tables.shape[1] * block_tokens)
-    # Positions past a sequence's length are later than all its queries: masked here.
-    mask = context[None, None, :] <= query_pos[:, :, None]
-    if sliding_window is not None:
-        mask &= context[None, None, :] > query_pos[:, :, None] - sliding_window
-    return AttentionGroup(
-        token_index=token_index,
-        block_tables=tables,
-        mask=mask[:, None, None],
-        valid_index=torch.nonzero(valid.flatten()).flatten(),
-        tokens=token_index[valid],
+        device=device,
+        sliding_window=sliding_window,
+        decode_partition_tokens=decode_partition_tokens,
+        query_lens=q_lens,
+        context_lens=ctx_lens,
+        table_lens=torch.tensor([len(t) for t in block_tables], dtype=torch.int64),
+        tables=tables,
+        positions=positions,
     )
 
 
@@ -167,10 +226,7 @@ def write_kv(
     plan: PagedAttentionPlan,
 ) -> None:
     """Scatter this step's ``[num_tokens, num_kv_heads, head_dim]`` K and V into the cache."""
-    _check_cache(kv_cache, layer, plan)
-    expected = (plan.num_tokens, kv_cache.shape[4], kv_cache.shape[5])
-    if key.shape != expected or value.shape != expected:
-        raise ValueError(f"key/value must be {expected}, got {key.shape} and {value.shape}")
+    check_write_kv(kv_cache, layer, key, value, plan)
     kv_cache[plan.slot_blocks, layer, 0, plan.slot_offsets] = key.to(kv_cache.dtype)
     kv_cache[plan.slot_blocks, layer, 1, plan.slot_offsets] = value.to(kv_cache.dtype)
 
@@ -188,14 +244,9 @@ def paged_attention(
     tokens' K and V must already be written (:func:`write_kv`). Scores and softmax are
     computed in float32; the result has the query's dtype.
     """
-    _check_cache(kv_cache, layer, plan)
-    num_tokens, num_heads, head_dim = query.shape
+    group_size = check_attention(query, kv_cache, layer, plan)
+    _, num_heads, head_dim = query.shape
     num_kv_heads = kv_cache.shape[4]
-    if num_tokens != plan.num_tokens or head_dim != kv_cache.shape[5]:
-        raise ValueError(f"query {tuple(query.shape)} does not match the plan or the cache")
-    if num_heads % num_kv_heads:
-        raise ValueError(f"{num_heads} query heads cannot share {num_kv_heads} KV heads")
-    group_size = num_heads // num_kv_heads
     layer_cache = kv_cache[:, layer]  # [num_blocks, 2, block_tokens, kv_heads, head_dim]
     out = torch.empty_like(query)
     for group in plan.groups:
@@ -219,7 +270,41 @@ def paged_attention(
     return out
 
 
-def _check_cache(kv_cache: torch.Tensor, layer: int, plan: PagedAttentionPlan) -> None:
+def check_write_kv(
+    kv_cache: torch.Tensor,
+    layer: int,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    plan: PagedAttentionPlan,
+) -> None:
+    """Raise ``ValueError`` unless :func:`write_kv` can take these arguments: a cache
+    the plan and ``layer`` fit, K and V of ``[num_tokens, num_kv_heads, head_dim]``."""
+    _check_kv_cache(kv_cache, layer, plan)
+    expected = (plan.num_tokens, kv_cache.shape[4], kv_cache.shape[5])
+    if key.shape != expected or value.shape != expected:
+        raise ValueError(f"key/value must be {expected}, got {key.shape} and {value.shape}")
+
+
+def check_attention(
+    query: torch.Tensor, kv_cache: torch.Tensor, layer: int, plan: PagedAttentionPlan
+) -> int:
+    """Raise ``ValueError`` unless :func:`paged_attention` can take these arguments: a
+    cache the plan and ``layer`` fit, queries of ``[num_tokens, num_heads, head_dim]``
+    whose heads the KV heads divide. Return the GQA group size (query heads per KV
+    head)."""
+    _check_kv_cache(kv_cache, layer, plan)
+    num_tokens, num_heads, head_dim = query.shape
+    num_kv_heads = kv_cache.shape[4]
+    if num_tokens != plan.num_tokens or head_dim != kv_cache.shape[5]:
+        raise ValueError(f"query {tuple(query.shape)} does not match the plan or the cache")
+    if num_heads % num_kv_heads:
+        raise ValueError(f"{num_heads} query heads cannot share {num_kv_heads} KV heads")
+    return num_heads // num_kv_heads
+
+
+def _check_kv_cache(kv_cache: torch.Tensor, layer: int, plan: PagedAttentionPlan) -> None:
+    """Raise ``ValueError`` unless ``kv_cache`` is a block-first cache the plan and
+    ``layer`` fit."""
     if kv_cache.dim() != KV_CACHE_DIMS or kv_cache.shape[2] != 2:
         raise ValueError(
             "kv_cache must be [num_blocks, num_layers, 2, block_tokens, kv_heads, head_dim], "
