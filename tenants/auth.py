@@ -1,0 +1,279 @@
+"""Bearer key authentication of gateway requests.
+
+``Authorization: Bearer sk-shunter-...``: the key is found by its displayed prefix and
+accepted when the SHA-256 digest of the whole secret equals the stored one (compared in
+constant time). What a key may do is cached in the process for ``ttl_s`` seconds (3 by
+default), keyed by digest: a revocation, an expiry change, a scope change or a tenant
+deactivation takes effect within that bound (an entry's age counts from the start of
+its read). Unknown keys are cached too (bounded), so guessing does not reach the
+database on every try. A key in use is read again in the background once its entry is
+half as old as the bound, so a busy key's requests do not wait for the database; the
+requests that do miss share one read per key. ``last_used_at`` is written at most
+every ``touch_every_s`` seconds per key, off the request's path.
+
+Refusals are OpenAI error bodies: 401 ``invalid_api_key`` for a missing, malformed,
+unknown, revoked or expired key; 403 for an inactive tenant or a deployment outside the
+key's scopes. The secret never appears in a message or a log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hmac
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
+
+from django.db import close_old_connections, connections
+from django.utils import timezone
+
+from shunter.engine.server.errors import ApiError
+from shunter.tenants.keys import looks_like_secret, secret_digest, secret_prefix
+from shunter.tenants.quotas import Limits
+
+log = logging.getLogger("shunter.gateway.auth")
+
+KEY_CACHE_S = 3.0
+REFRESH_AT = 0.5  # of the cache bound: a key in use is read again from this age on
+TOUCH_EVERY_S = 60.0
+MAX_CACHED_KEYS = 10_000
+
+T = TypeVar("T")
+
+# Database work of the gateway runs here, off the event loop; a small pool bounds the
+# connections it holds.
+DB_THREADS = 4
+_db_pool = ThreadPoolExecutor(max_workers=DB_THREADS, thread_name_prefix="gateway-db")
+
+
+def submit_db(fn: Callable[[], T]) -> concurrent.futures.Future[T]:
+    """Start ``fn`` (ORM code) in the gateway's database threads; its future can be
+    awaited from any event loop (``asyncio.wrap_future``)."""
+
+    def job() -> T:
+        close_old_connections()  # honour CONN_MAX_AGE and health checks in pool threads
+        return fn()
+
+    return _db_pool.submit(job)
+
+
+async def run_db(fn: Callable[[], T]) -> T:
+    """Run ``fn`` (ORM code) in the gateway's database threads and await its result."""
+    return await asyncio.wrap_future(submit_db(fn))
+
+
+def close_db_connections() -> None:
+    """Close the database connections the gateway's threads hold (at shutdown, or before
+    a test database is dropped). One job per thread, held at a barrier so that every
+    thread runs one."""
+    barrier = threading.Barrier(DB_THREADS)
+
+    def close() -> None:
+        barrier.wait(timeout=30)
+        connections.close_all()
+
+    for future in [_db_pool.submit(close) for _ in range(DB_THREADS)]:
+        future.result()
+
+
+def invalid_key(message: str) -> ApiError:
+    return ApiError(401, message, type="invalid_request_error", code="invalid_api_key")
+
+
+def forbidden(message: str, code: str) -> ApiError:
+    return ApiError(403, message, type="permission_error", code=code)
+
+
+@dataclass(frozen=True)
+class KeyGrant:
+    """What one key may do, as read from the database: its tenant, the deployments it
+    may use (all of the tenant's for an ``all_deployments`` key, else its scopes within
+    the tenant's: none when it has none), its expiry
+    and revocation, the tenant's quotas, and the tenant's SLO class as ``X-Shunter-Slo``
+    (None: its requests take each deployment's class)."""
+
+    api_key_id: int
+    key_prefix: str
+    tenant_id: int
+    tenant_name: str
+    tenant_active: bool
+    deployment_ids: frozenset[int]
+    expires_at: datetime | None
+    revoked: bool
+    limits: Limits
+    slo_header: str | None = None
+
+    def check(self, now: datetime) -> None:
+        """Raise the refusal of a revoked or expired key, or of an inactive tenant."""
+        if self.revoked:
+            raise invalid_key("This API key has been revoked.")
+        if self.expires_at is not None and self.expires_at <= now:
+            raise invalid_key("This API key has expired.")
+        if not self.tenant_active:
+            raise forbidden("This API key's tenant is not active.", "tenant_inactive")
+
+    def may_use(self, deployment_id: int) -> bool:
+        return deployment_id in self.deployment_ids
+
+
+def load_grant(secret: str) -> KeyGrant | None:
+    """The grant of ``secret`` from the database, None if no key has its digest."""
+    from shunter.tenants.models import ApiKey
+
+    key = (
+        ApiKey.objects.select_related("tenant__default_slo_class")
+        .filter(prefix=secret_prefix(secret))
+        .first()
+    )
+    if key is None or not hmac.compare_digest(secret_digest(secret), key.digest):
+        return None
+    tenant = key.tenant
+    allowed = set(tenant.deployments.values_list("pk", flat=True))
+    if not key.all_deployments:
+        allowed &= set(key.scopes.values_list("pk", flat=True))
+    return KeyGrant(
+        api_key_id=key.pk,
+        key_prefix=key.prefix,
+        tenant_id=tenant.pk,
+        tenant_name=tenant.name,
+        tenant_active=tenant.is_active,
+        deployment_ids=frozenset(allowed),
+        expires_at=key.expires_at,
+        revoked=key.revoked_at is not None,
+        limits=Limits.of(tenant),
+        slo_header=tenant.default_slo_class.header() if tenant.default_slo_class else None,
+    )
+
+
+def bearer_secret(header: str | None) -> str:
+    """The secret of an ``Authorization: Bearer ...`` header (401 when there is none or
+    it is not shaped like a Shunter key)."""
+    if not header:
+        raise invalid_key(
+            "You didn't provide an API key. Send it as 'Authorization: Bearer sk-shunter-...'."
+        )
+    scheme, _, secret = header.strip().partition(" ")
+    secret = secret.strip()
+    if scheme.lower() != "bearer" or not secret:
+        raise invalid_key("The Authorization header must be 'Bearer <API key>'.")
+    if not looks_like_secret(secret):
+        raise invalid_key("Incorrect API key provided.")
+    return secret
+
+
+class KeyAuthenticator:
+    """Authenticates bearer keys with a short-lived cache (see the module docstring).
+
+    ``load`` reads a grant from the database (called in the gateway's database threads),
+    ``touch`` records a key's use; ``clock`` is monotonic seconds.
+    """
+
+    def __init__(
+        self,
+        *,
+        ttl_s: float = KEY_CACHE_S,
+        touch_every_s: float = TOUCH_EVERY_S,
+        max_entries: int = MAX_CACHED_KEYS,
+        load: Callable[[str], KeyGrant | None] = load_grant,
+        touch: Callable[[int, datetime], Any] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ttl_s = ttl_s
+        self.touch_every_s = touch_every_s
+        self.max_entries = max_entries
+        self._load = load
+        self._touch = touch or _mark_used
+        self._clock = clock
+        self._lock = threading.Lock()
+        # digest -> (time read, grant or None for an unknown key), oldest first
+        self._cache: OrderedDict[str, tuple[float, KeyGrant | None]] = OrderedDict()
+        # digest -> the read in flight (shared by every request that waits for it)
+        self._reading: dict[str, concurrent.futures.Future[KeyGrant | None]] = {}
+        self._touched: dict[int, float] = {}
+        self._tasks: set[asyncio.Future[Any]] = set()
+
+    async def authenticate(self, header: str | None) -> KeyGrant:
+        """The grant of the key in ``header``, or the ApiError refusing it."""
+        secret = bearer_secret(header)
+        digest = secret_digest(secret)
+        now = self._clock()
+        with self._lock:
+            hit = self._cache.get(digest)
+        if hit is not None and now - hit[0] < self.ttl_s:
+            grant = hit[1]
+            if now - hit[0] >= REFRESH_AT * self.ttl_s and grant is not None:
+                self._read(secret, digest, now)  # in the background
+        else:
+            grant = await asyncio.wrap_future(self._read(secret, digest, now))
+        if grant is None:
+            raise invalid_key("Incorrect API key provided.")
+        try:
+            grant.check(timezone.now())
+        except ApiError as e:
+            log.info("key %s... refused: %s", grant.key_prefix, e.message)
+            raise
+        self._maybe_touch(grant.api_key_id, now)
+        return grant
+
+    def _read(
+        self, secret: str, digest: str, now: float
+    ) -> concurrent.futures.Future[KeyGrant | None]:
+        """The read of ``digest``'s grant in flight, or a new one started at ``now``; it
+        caches its result when it ends."""
+        with self._lock:
+            reading = self._reading.get(digest)
+            if reading is not None:
+                return reading
+            reading = self._reading[digest] = submit_db(lambda: self._load(secret))
+
+        def done(future: concurrent.futures.Future[KeyGrant | None]) -> None:
+            with self._lock:
+                self._reading.pop(digest, None)
+                if future.cancelled() or future.exception() is not None:
+                    return  # the waiting requests get the error; nothing is cached
+                cached = self._cache.get(digest)
+                if cached is None or cached[0] <= now:
+                    self._cache[digest] = (now, future.result())
+                    self._cache.move_to_end(digest)
+                while len(self._cache) > self.max_entries:
+                    self._cache.popitem(last=False)
+
+        reading.add_done_callback(done)
+        return reading
+
+    def forget(self) -> None:
+        """Drop every cached grant (the next request of each key reads the database)."""
+        with self._lock:
+            self._cache.clear()
+
+    def _maybe_touch(self, api_key_id: int, now: float) -> None:
+        with self._lock:
+            last = self._touched.get(api_key_id)
+            if last is not None and now - last < self.touch_every_s:
+                return
+            self._touched[api_key_id] = now
+        when = timezone.now()
+        task = asyncio.ensure_future(run_db(lambda: self._touch(api_key_id, when)))
+        self._tasks.add(task)
+        task.add_done_callback(self._touched_done)
+
+    def _touched_done(self, task: asyncio.Future[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("could not record a key's last use: %r", task.exception())
+
+
+def _mark_used(api_key_id: int, when: datetime) -> None:
+    from shunter.tenants.services import api_key_mark_used
+
+    api_key_mark_used(api_key_id=api_key_id, when=when)
+
+
+authenticator = KeyAuthenticator()

@@ -1,0 +1,153 @@
+"""Read operations of the tenants app (selectors). Each tenant-owned query starts from its
+manager's ``restrict(tenant)``: pass None only for staff-wide views."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db.models import QuerySet, Sum
+from django.db.models.functions import Coalesce
+
+from shunter.platform.models import Deployment, SloClass
+from shunter.tenants.models import ApiKey, RequestRecord, Tenant, UsageRollup
+
+
+def tenant_list() -> QuerySet[Tenant]:
+    return Tenant.objects.select_related("default_slo_class").prefetch_related("deployments")
+
+
+def tenant_deployments(*, tenant: Tenant | int | None) -> QuerySet[Deployment]:
+    """The deployments ``tenant`` may use (all, for None)."""
+    return Deployment.objects.restrict(tenant).select_related("node", "model", "slo_class")
+
+
+def request_slo_class(tenant: Tenant, deployment: Deployment | None) -> SloClass | None:
+    """The SLO class of ``tenant``'s request on ``deployment``: the tenant's when set,
+    else the deployment's (None: neither, a request that reached no deployment)."""
+    if tenant.default_slo_class is not None:
+        return tenant.default_slo_class
+    return deployment.slo_class if deployment is not None else None
+
+
+def api_key_list(*, tenant: Tenant | int | None = None) -> QuerySet[ApiKey]:
+    return ApiKey.objects.restrict(tenant).prefetch_related("scopes")
+
+
+def request_record_list(
+    *,
+    tenant: Tenant | int | None = None,
+    deployment: Deployment | int | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> QuerySet[RequestRecord]:
+    """Records by arrival time in ``[since, until)``, newest first."""
+    records = RequestRecord.objects.restrict(tenant)
+    if deployment is not None:
+        records = records.filter(deployment=deployment)
+    if since is not None:
+        records = records.filter(t_arrival__gte=since)
+    if until is not None:
+        records = records.filter(t_arrival__lt=until)
+    return records
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    """Totals of one tenant on one deployment over a time range, from the rollups.
+
+    Attainments are shares of all requests (errors count as misses); mean TTFT and TPOT
+    are per successful request (None without one)."""
+
+    tenant_id: int
+    tenant: str
+    deployment_id: int
+    model_name: str
+    slo_class: str
+    attainment_target: float
+    requests: int
+    errors: int
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_attainment: float
+    tbt_attainment: float
+    both_attainment: float
+    mean_ttft_ms: float | None
+    mean_tpot_ms: float | None
+
+    @property
+    def meets_target(self) -> bool:
+        return self.requests > 0 and self.both_attainment >= self.attainment_target
+
+
+def usage_summary(
+    *,
+    tenant: Tenant | int | None = None,
+    deployment: Deployment | int | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> list[UsageRow]:
+    """Usage and SLO attainment per (tenant, deployment) over the minutes that start in
+    ``[since, until)`` (``since`` rounds down to its minute), in one query."""
+    rollups = UsageRollup.objects.restrict(tenant)
+    if deployment is not None:
+        rollups = rollups.filter(deployment=deployment)
+    if since is not None:
+        rollups = rollups.filter(minute__gte=since.replace(second=0, microsecond=0))
+    if until is not None:
+        rollups = rollups.filter(minute__lt=until)
+    sums = [
+        "requests",
+        "errors",
+        "prompt_tokens",
+        "completion_tokens",
+        "ttft_met",
+        "tbt_met",
+        "both_met",
+        "sum_ttft_ms",
+        "sum_tpot_ms",
+    ]
+    grouped = (
+        rollups.values(
+            "tenant_id",
+            "tenant__name",
+            "deployment_id",
+            "deployment__model__name",
+            # The class the records were judged against (request_slo_class).
+            slo_name=Coalesce("tenant__default_slo_class__name", "deployment__slo_class__name"),
+            slo_target=Coalesce(
+                "tenant__default_slo_class__attainment_target",
+                "deployment__slo_class__attainment_target",
+            ),
+        )
+        .annotate(**{f"total_{name}": Sum(name) for name in sums})
+        .order_by("tenant__name", "deployment__model__name", "deployment_id")
+    )
+    return [_usage_row(g) for g in grouped]
+
+
+def _usage_row(g: dict[str, Any]) -> UsageRow:
+    n = int(g["total_requests"] or 0)
+
+    def share(name: str) -> float:
+        return int(g[f"total_{name}"] or 0) / n if n else 0.0
+
+    ok = n - int(g["total_errors"] or 0)
+    return UsageRow(
+        tenant_id=g["tenant_id"],
+        tenant=g["tenant__name"],
+        deployment_id=g["deployment_id"],
+        model_name=g["deployment__model__name"],
+        slo_class=g["slo_name"],
+        attainment_target=g["slo_target"],
+        requests=n,
+        errors=int(g["total_errors"] or 0),
+        prompt_tokens=int(g["total_prompt_tokens"] or 0),
+        completion_tokens=int(g["total_completion_tokens"] or 0),
+        ttft_attainment=share("ttft_met"),
+        tbt_attainment=share("tbt_met"),
+        both_attainment=share("both_met"),
+        mean_ttft_ms=float(g["total_sum_ttft_ms"]) / ok if ok else None,
+        mean_tpot_ms=float(g["total_sum_tpot_ms"]) / ok if ok else None,
+    )

@@ -1,0 +1,326 @@
+"""Write operations of the tenants app (services: keyword-only, typed, atomic).
+
+Invalid input raises ``django.core.exceptions.ValidationError`` with messages per field;
+the admin and the REST API show them as form errors and 400 responses.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from shunter.platform.models import Deployment, SloClass
+from shunter.tenants.keys import new_secret, secret_digest, secret_prefix
+from shunter.tenants.models import ApiKey, RequestRecord, Tenant, UsageRollup
+from shunter.tenants.selectors import request_slo_class
+
+log = logging.getLogger("shunter.tenants")
+
+TENANT_FIELDS = {
+    "name",
+    "default_slo_class",
+    "rpm_limit",
+    "tpm_limit",
+    "concurrency_limit",
+    "token_budget",
+    "budget_period",
+    "is_active",
+}
+
+
+# -- tenants -------------------------------------------------------------------------------
+@transaction.atomic
+def tenant_create(
+    *,
+    name: str,
+    default_slo_class: SloClass | None = None,
+    deployments: Iterable[Deployment] = (),
+    **quotas: Any,
+) -> Tenant:
+    """A new tenant allowed ``deployments``, its requests of ``default_slo_class`` (None:
+    of each deployment's class); ``quotas`` are the remaining Tenant fields
+    (``rpm_limit``, ``tpm_limit``, ``concurrency_limit``, ``token_budget``,
+    ``budget_period``, ``is_active``)."""
+    unknown = set(quotas) - TENANT_FIELDS
+    if unknown:
+        raise TypeError(f"tenant_create() got unexpected fields {sorted(unknown)}")
+    tenant = Tenant(name=name, default_slo_class=default_slo_class, **quotas)
+    tenant.full_clean()
+    tenant.save()
+    tenant.deployments.set(list(deployments))
+    return tenant
+
+
+@transaction.atomic
+def tenant_update(
+    *, tenant: Tenant, deployments: Iterable[Deployment] | None = None, **fields: Any
+) -> Tenant:
+    """Change the given fields; ``deployments`` (when given) replaces the allowed set and
+    drops the scopes of the tenant's keys that fall outside it. A key left without scopes
+    reaches nothing (never everything): it is logged, and reaches again what its scopes
+    are changed to."""
+    unknown = set(fields) - TENANT_FIELDS
+    if unknown:
+        raise TypeError(f"tenant_update() got unexpected fields {sorted(unknown)}")
+    for field, value in fields.items():
+        setattr(tenant, field, value)
+    tenant.full_clean()
+    tenant.save()
+    if deployments is not None:
+        allowed = list(deployments)
+        tenant.deployments.set(allowed)
+        # A key's scopes stay a subset of what its tenant may use.
+        for key in tenant.api_keys.prefetch_related("scopes"):
+            scopes = list(key.scopes.all())
+            outside = [d for d in scopes if d not in allowed]
+            if not outside:
+                continue
+            key.scopes.remove(*outside)
+            if len(outside) == len(scopes) and key.revoked_at is None:
+                log.warning(
+                    "key %s… of tenant %r lost its last scope (%s): it reaches no deployment",
+                    key.prefix,
+                    tenant.name,
+                    ", ".join(str(d) for d in outside),
+                )
+    return tenant
+
+
+# -- API keys ------------------------------------------------------------------------------
+def _check_scopes(tenant: Tenant, scopes: list[Deployment], all_deployments: bool) -> None:
+    """A key reaches all of its tenant's deployments or some of them, never none (at
+    creation or by an edit; losing deployments can leave a key with none)."""
+    if all_deployments and scopes:
+        raise ValidationError(
+            {"scopes": "A key that reaches all deployments has no scopes; give one or the other."}
+        )
+    if not all_deployments and not scopes:
+        raise ValidationError(
+            {"scopes": "Give the deployments this key may use, or set all_deployments."}
+        )
+    allowed = set(tenant.deployments.values_list("pk", flat=True))
+    outside = sorted(str(d) for d in scopes if d.pk not in allowed)
+    if outside:
+        raise ValidationError(
+            {"scopes": f"Not among tenant {tenant.name!r}'s deployments: {', '.join(outside)}."}
+        )
+
+
+@transaction.atomic
+def api_key_create(
+    *,
+    tenant: Tenant,
+    name: str,
+    scopes: Iterable[Deployment] = (),
+    all_deployments: bool = False,
+    expires_at: datetime | None = None,
+) -> tuple[ApiKey, str]:
+    """A new key of ``tenant`` and its secret. The secret is returned here once and never
+    stored: the database keeps its first characters and its SHA-256 digest.
+
+    The key reaches either every deployment of the tenant (``all_deployments``, no
+    ``scopes``) or its ``scopes``, which must be among the tenant's deployments.
+    """
+    scopes = list(scopes)
+    _check_scopes(tenant, scopes, all_deployments)
+    if expires_at is not None and expires_at <= timezone.now():
+        raise ValidationError({"expires_at": "The expiry must be in the future."})
+    # The displayed prefix has 30 random bits: collisions are rare but possible, so a
+    # taken prefix means drawing again.
+    for _ in range(16):
+        secret = new_secret()
+        key = ApiKey(
+            tenant=tenant,
+            name=name,
+            prefix=secret_prefix(secret),
+            digest=secret_digest(secret),
+            all_deployments=all_deployments,
+            expires_at=expires_at,
+        )
+        key.full_clean(exclude=["prefix", "digest"])
+        try:
+            with transaction.atomic():
+                key.save()
+        except IntegrityError:
+            continue
+        key.scopes.set(scopes)
+        return key, secret
+    raise RuntimeError("could not draw an unused key prefix")
+
+
+@transaction.atomic
+def api_key_update(
+    *,
+    api_key: ApiKey,
+    name: str | None = None,
+    scopes: Iterable[Deployment] | None = None,
+    all_deployments: bool | None = None,
+    expires_at: datetime | None = None,
+    clear_expiry: bool = False,
+) -> ApiKey:
+    """Rename a key, replace its scopes or its ``all_deployments`` flag (the result must
+    reach all deployments or some, as at creation), or change its expiry
+    (``clear_expiry``: none)."""
+    if name is not None:
+        api_key.name = name
+    if clear_expiry:
+        api_key.expires_at = None
+    elif expires_at is not None:
+        api_key.expires_at = expires_at
+    if all_deployments is not None:
+        api_key.all_deployments = all_deployments
+    if scopes is not None or all_deployments is not None:
+        scopes = list(api_key.scopes.all() if scopes is None else scopes)
+        _check_scopes(api_key.tenant, scopes, api_key.all_deployments)
+        api_key.scopes.set(scopes)
+    api_key.full_clean(exclude=["prefix", "digest"])
+    api_key.save()
+    return api_key
+
+
+@transaction.atomic
+def api_key_revoke(*, api_key: ApiKey) -> ApiKey:
+    """Revoke the key from now on (idempotent: the first revocation time stays)."""
+    updated = ApiKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(
+        revoked_at=timezone.now()
+    )
+    if updated or api_key.revoked_at is None:
+        api_key.refresh_from_db(fields=["revoked_at"])
+    return api_key
+
+
+def api_key_mark_used(*, api_key_id: int, when: datetime | None = None) -> None:
+    """Record that the key was used at ``when`` (now); never moves the time backwards."""
+    when = when or timezone.now()
+    ApiKey.objects.filter(pk=api_key_id).exclude(last_used_at__gte=when).update(last_used_at=when)
+
+
+# -- request records and rollups -------------------------------------------------------------
+def slo_flags(
+    *,
+    slo: SloClass | None,
+    status: str,
+    ttft_ms: float | None,
+    tpot_ms: float | None,
+    completion_tokens: int,
+) -> tuple[bool, bool]:
+    """(TTFT met, TBT met) of one request under ``slo``. Failed and aborted requests miss
+    both, as does a request without a class; a response of at most one token has no gaps
+    and meets TBT."""
+    if status != RequestRecord.Status.OK or slo is None:
+        return False, False
+    ttft_met = ttft_ms is not None and ttft_ms <= slo.ttft_ms
+    if completion_tokens <= 1:
+        return ttft_met, True
+    return ttft_met, tpot_ms is not None and tpot_ms <= slo.tbt_ms
+
+
+@transaction.atomic
+def request_record_create(
+    *,
+    request_id: str,
+    tenant: Tenant,
+    api_key: ApiKey | None,
+    deployment: Deployment | None,
+    model_name: str,
+    endpoint: str,
+    stream: bool,
+    t_arrival: datetime,
+    t_first_token: datetime | None,
+    t_end: datetime,
+    prompt_tokens: int,
+    completion_tokens: int,
+    ttft_ms: float | None,
+    tpot_ms: float | None,
+    max_itl_ms: float | None,
+    status: str,
+    error_type: str = "",
+    http_status: int = 200,
+) -> RequestRecord:
+    """Record one request and add it to its minute's rollup (of its arrival).
+
+    The SLO flags are judged against the request's class (``request_slo_class``: the
+    tenant's when set, else the deployment's). Requests that reached no deployment are
+    recorded but not rolled up (rollups are per deployment).
+    """
+    ttft_met, tbt_met = slo_flags(
+        slo=request_slo_class(tenant, deployment),
+        status=status,
+        ttft_ms=ttft_ms,
+        tpot_ms=tpot_ms,
+        completion_tokens=completion_tokens,
+    )
+    record = RequestRecord(
+        request_id=request_id,
+        tenant=tenant,
+        api_key=api_key,
+        deployment=deployment,
+        model_name=model_name,
+        endpoint=endpoint,
+        stream=stream,
+        t_arrival=t_arrival,
+        t_first_token=t_first_token,
+        t_end=t_end,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        ttft_ms=ttft_ms,
+        tpot_ms=tpot_ms,
+        max_itl_ms=max_itl_ms,
+        ttft_met=ttft_met,
+        tbt_met=tbt_met,
+        status=status,
+        error_type=error_type,
+        http_status=http_status,
+    )
+    record.full_clean(exclude=["tenant", "api_key", "deployment"])
+    record.save()
+    if deployment is not None:
+        _rollup_add(record, deployment)
+    return record
+
+
+def _rollup_add(record: RequestRecord, deployment: Deployment) -> None:
+    """Add ``record`` to its rollup row with F() increments; the row is created on first
+    use (a concurrent creator wins the insert and this call increments its row)."""
+    minute = record.t_arrival.replace(second=0, microsecond=0)
+    increments = {
+        "requests": F("requests") + 1,
+        "errors": F("errors") + int(record.status != RequestRecord.Status.OK),
+        "prompt_tokens": F("prompt_tokens") + record.prompt_tokens,
+        "completion_tokens": F("completion_tokens") + record.completion_tokens,
+        "ttft_met": F("ttft_met") + int(record.ttft_met),
+        "tbt_met": F("tbt_met") + int(record.tbt_met),
+        "both_met": F("both_met") + int(record.ttft_met and record.tbt_met),
+        "sum_ttft_ms": F("sum_ttft_ms") + (record.ttft_ms or 0.0),
+        "sum_tpot_ms": F("sum_tpot_ms") + (record.tpot_ms or 0.0),
+    }
+    row = UsageRollup.objects.filter(
+        minute=minute, tenant_id=record.tenant_id, deployment_id=deployment.pk
+    )
+    if row.update(**increments):
+        return
+    try:
+        with transaction.atomic():
+            UsageRollup.objects.create(
+                minute=minute,
+                tenant_id=record.tenant_id,
+                deployment_id=deployment.pk,
+                requests=1,
+                errors=int(record.status != RequestRecord.Status.OK),
+                prompt_tokens=record.prompt_tokens,
+                completion_tokens=record.completion_tokens,
+                ttft_met=int(record.ttft_met),
+                tbt_met=int(record.tbt_met),
+                both_met=int(record.ttft_met and record.tbt_met),
+                sum_ttft_ms=record.ttft_ms or 0.0,
+                sum_tpot_ms=record.tpot_ms or 0.0,
+            )
+    except IntegrityError:
+        row.update(**increments)

@@ -1,0 +1,191 @@
+"""Quota semantics, the same for the in-process limiter and the Redis one (real Redis)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import pytest
+
+from shunter.tenants.quotas import (
+    InProcessQuotaLimiter,
+    Limits,
+    QuotaLimiter,
+    RedisQuotaLimiter,
+    budget_period,
+)
+
+REDIS_URL = os.environ.get("REDIS_URL", "")
+# 2031-01-31 23:59:00 UTC: a minute, a day and a month end within the next 60 s.
+T0 = datetime(2031, 1, 31, 23, 59, tzinfo=UTC).timestamp()
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(params=["in-process", "redis"])
+async def limiter(request: pytest.FixtureRequest) -> AsyncIterator[tuple[QuotaLimiter, Clock]]:
+    clock = Clock(T0)
+    if request.param == "in-process":
+        yield InProcessQuotaLimiter(clock=clock, lease_ttl_s=120), clock
+        return
+    if not REDIS_URL:
+        pytest.skip("REDIS_URL is not set (make test sets it)")
+    redis_limiter = RedisQuotaLimiter(
+        REDIS_URL, prefix=f"test:quota:{uuid.uuid4().hex}", clock=clock, lease_ttl_s=120
+    )
+    yield redis_limiter, clock
+    for tenant in ("t", "other"):
+        await redis_limiter.reset(tenant)
+    await redis_limiter.aclose()
+
+
+def lease() -> str:
+    return uuid.uuid4().hex
+
+
+async def test_thirty_parallel_requests_admit_exactly_the_rpm(
+    limiter: tuple[QuotaLimiter, Clock],
+) -> None:
+    quotas, clock = limiter
+    limits = Limits(rpm=10)
+    answers = await asyncio.gather(*(quotas.admit("t", limits, lease()) for _ in range(30)))
+    assert sum(a.admitted for a in answers) == 10
+    refused = [a for a in answers if not a.admitted]
+    assert {a.refused for a in refused} == {"requests"}
+    assert all(a.error_code == "rate_limit_exceeded" for a in refused)
+    assert all(59 <= a.retry_after_s <= 60 for a in refused)
+    headers = refused[0].headers()
+    assert headers["Retry-After"] == "60"
+    assert headers["x-ratelimit-limit-requests"] == "10"
+    assert headers["x-ratelimit-remaining-requests"] == "0"
+    assert headers["x-ratelimit-reset-requests"] == "60.000s"
+    assert "x-ratelimit-limit-tokens" not in headers
+    # The window slides: a minute after the burst the whole limit is free again.
+    clock.now += 60.001
+    answers = await asyncio.gather(*(quotas.admit("t", limits, lease()) for _ in range(11)))
+    assert sum(a.admitted for a in answers) == 10
+
+
+async def test_the_request_window_slides(limiter: tuple[QuotaLimiter, Clock]) -> None:
+    quotas, clock = limiter
+    limits = Limits(rpm=4)
+    for _ in range(2):
+        assert (await quotas.admit("t", limits, lease())).admitted
+    clock.now += 30
+    for used in (3, 4):
+        answer = await quotas.admit("t", limits, lease())
+        assert answer.admitted and answer.requests_used == used
+        assert answer.headers()["x-ratelimit-remaining-requests"] == str(4 - used)
+    refused = await quotas.admit("t", limits, lease())
+    assert refused.refused == "requests" and refused.retry_after_s == pytest.approx(30)
+    clock.now += 30.5  # the first two left the window, the last two are still in it
+    assert [(await quotas.admit("t", limits, lease())).admitted for _ in range(3)] == [
+        True,
+        True,
+        False,
+    ]
+
+
+async def test_concurrency_leases_are_given_back_or_lapse(
+    limiter: tuple[QuotaLimiter, Clock],
+) -> None:
+    quotas, clock = limiter
+    limits = Limits(concurrency=2)
+    first, second = [await quotas.admit("t", limits, lease()) for _ in range(2)]
+    assert first.admitted and second.admitted and first.lease and second.lease
+    third = await quotas.admit("t", limits, lease())
+    assert third.refused == "concurrency" and third.lease is None
+    assert third.headers()["Retry-After"] == "1"
+    await quotas.release("t", first.lease)
+    await quotas.release("t", first.lease)  # twice is harmless
+    fourth = await quotas.admit("t", limits, lease())
+    assert fourth.admitted
+    assert not (await quotas.admit("t", limits, lease())).admitted
+    # Leases nobody gave back lapse after the TTL (a gateway that crashed mid-request).
+    clock.now += 121
+    assert (await quotas.admit("t", limits, lease())).admitted
+
+
+async def test_tokens_per_minute_refuse_until_the_next_window(
+    limiter: tuple[QuotaLimiter, Clock],
+) -> None:
+    quotas, clock = limiter
+    limits = Limits(tpm=100)
+    clock.now += 20
+    first = await quotas.admit("t", limits, lease())
+    assert first.admitted and first.headers()["x-ratelimit-remaining-tokens"] == "100"
+    await quotas.record_tokens("t", 60)
+    second = await quotas.admit("t", limits, lease())
+    assert second.admitted and second.headers()["x-ratelimit-remaining-tokens"] == "40"
+    await quotas.record_tokens("t", 45)
+    refused = await quotas.admit("t", limits, lease())
+    assert refused.refused == "tokens" and refused.retry_after_s == pytest.approx(40)
+    assert refused.headers()["x-ratelimit-remaining-tokens"] == "0"
+    assert refused.headers()["x-ratelimit-reset-tokens"] == "40.000s"
+    clock.now += 40
+    assert (await quotas.admit("t", limits, lease())).admitted
+
+
+@pytest.mark.parametrize("period", ["day", "month"])
+async def test_a_spent_budget_refuses_until_the_period_ends(
+    limiter: tuple[QuotaLimiter, Clock], period: str
+) -> None:
+    quotas, clock = limiter
+    limits = Limits(token_budget=50, budget_period=period, rpm=1000)
+    assert (await quotas.admit("t", limits, lease())).admitted
+    await quotas.record_tokens("t", 30)
+    assert (await quotas.admit("t", limits, lease())).admitted
+    await quotas.record_tokens("t", 30)  # overshoots: the request was already running
+    refused = await quotas.admit("t", limits, lease())
+    assert refused.refused == "budget" and refused.error_code == "insufficient_quota"
+    assert refused.budget_used == 60 and "50 tokens per " + period in refused.message()
+    assert refused.retry_after_s == pytest.approx(60)  # both periods end at T0 + 60
+    # Another tenant is not affected, and refusals do not count as requests.
+    assert (await quotas.admit("other", limits, lease())).admitted
+    assert refused.requests_used == 2
+    clock.now += 60
+    assert (await quotas.admit("t", limits, lease())).admitted
+
+
+async def test_budget_periods_count_separately(limiter: tuple[QuotaLimiter, Clock]) -> None:
+    quotas, clock = limiter
+    clock.now -= 86400  # 2031-01-30 23:59: the day ends, the month goes on
+    await quotas.record_tokens("t", 40)
+    clock.now += 60
+    day, month = Limits(token_budget=40), Limits(token_budget=40, budget_period="month")
+    assert (await quotas.admit("t", day, lease())).admitted
+    assert (await quotas.admit("t", month, lease())).refused == "budget"
+
+
+async def test_unlimited_tenants_take_no_lease_and_reset_forgets(
+    limiter: tuple[QuotaLimiter, Clock],
+) -> None:
+    quotas, _ = limiter
+    answer = await quotas.admit("t", Limits(), lease())
+    assert answer.admitted and answer.lease is None and answer.headers() == {}
+    limits = Limits(rpm=1, concurrency=1)
+    assert (await quotas.admit("t", limits, lease())).admitted
+    assert not (await quotas.admit("t", limits, lease())).admitted
+    await quotas.reset("t")
+    assert (await quotas.admit("t", limits, lease())).admitted
+
+
+def test_budget_period_names_and_ends() -> None:
+    assert budget_period(T0, "day") == ("20310131", 60.0)
+    assert budget_period(T0, "month") == ("203101", 60.0)
+    leap = datetime(2032, 2, 10, tzinfo=UTC).timestamp()
+    assert budget_period(leap, "month") == ("203202", 20 * 86400.0)
+
+
+def test_limits_refuse_an_unknown_period() -> None:
+    with pytest.raises(ValueError, match="budget_period"):
+        Limits(budget_period="week")

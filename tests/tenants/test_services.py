@@ -1,0 +1,258 @@
+"""Tenant services: API keys (digest only, shown once), records and their rollups."""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.db import connection
+from django.utils import timezone
+
+from shunter.tenants.keys import looks_like_secret, secret_digest
+from shunter.tenants.models import ApiKey, RequestRecord, UsageRollup
+from shunter.tenants.services import (
+    api_key_create,
+    api_key_revoke,
+    api_key_update,
+    request_record_create,
+    tenant_update,
+)
+from tests.tenants.factories import make_deployment, make_tenant, slo
+
+pytestmark = pytest.mark.django_db
+
+T0 = datetime(2026, 3, 1, 12, 30, 5, tzinfo=UTC)
+
+
+def all_text_in_database() -> str:
+    """Every text-like column of every table, concatenated (to search for secrets)."""
+    chunks: list[str] = []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT table_name, column_name FROM information_schema.columns "
+            "WHERE table_schema = 'public' AND data_type IN "
+            "('text', 'character varying', 'jsonb', 'json')"
+        )
+        for table, column in cursor.fetchall():
+            cursor.execute(f'SELECT "{column}"::text FROM "{table}"')
+            chunks.extend(str(v) for (v,) in cursor.fetchall() if v is not None)
+    return "\n".join(chunks)
+
+
+def test_key_secret_is_returned_once_and_only_its_digest_is_stored() -> None:
+    tenant = make_tenant()
+    key, secret = api_key_create(all_deployments=True, tenant=tenant, name="ci")
+    assert looks_like_secret(secret)
+    assert key.prefix == secret[:16] and secret.startswith("sk-shunter-")
+    assert key.digest == hashlib.sha256(secret.encode()).hexdigest()
+    stored = all_text_in_database()
+    assert secret not in stored
+    assert secret[16:] not in stored  # not even the part after the displayed prefix
+    assert ApiKey.objects.get(digest=secret_digest(secret)) == key
+
+
+def test_two_keys_have_distinct_secrets_and_prefixes() -> None:
+    tenant = make_tenant()
+    (a, sa), (b, sb) = (
+        api_key_create(all_deployments=True, tenant=tenant, name="a"),
+        api_key_create(all_deployments=True, tenant=tenant, name="b"),
+    )
+    assert sa != sb and a.prefix != b.prefix and a.digest != b.digest
+
+
+def test_key_scopes_must_be_the_tenants_deployments() -> None:
+    mine, other = make_deployment(), make_deployment()
+    tenant = make_tenant(mine)
+    key, _ = api_key_create(tenant=tenant, name="scoped", scopes=[mine])
+    assert list(key.scopes.all()) == [mine]
+    with pytest.raises(ValidationError) as e:
+        api_key_create(tenant=tenant, name="bad", scopes=[other])
+    assert "scopes" in e.value.message_dict
+    with pytest.raises(ValidationError):
+        api_key_update(api_key=key, scopes=[other])
+
+
+def test_narrowing_a_tenant_drops_key_scopes_outside_it() -> None:
+    a, b = make_deployment(), make_deployment()
+    tenant = make_tenant(a, b)
+    key, _ = api_key_create(tenant=tenant, name="k", scopes=[a, b])
+    tenant_update(tenant=tenant, deployments=[a])
+    assert list(key.scopes.all()) == [a]
+
+
+def test_a_key_that_loses_its_last_scope_reaches_nothing_and_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    a, b = make_deployment(), make_deployment()
+    tenant = make_tenant(a, b)
+    only_b, _ = api_key_create(tenant=tenant, name="b only", scopes=[b])
+    everything, _ = api_key_create(tenant=tenant, name="all", all_deployments=True)
+    with caplog.at_level("WARNING", logger="shunter.tenants"):
+        tenant_update(tenant=tenant, deployments=[a])
+    only_b.refresh_from_db()
+    assert list(only_b.scopes.all()) == [] and not only_b.all_deployments
+    assert [r.getMessage() for r in caplog.records] == [
+        f"key {only_b.prefix}… of tenant {tenant.name!r} lost its last scope ({b}): "
+        "it reaches no deployment"
+    ]
+    everything.refresh_from_db()
+    assert everything.all_deployments and list(everything.scopes.all()) == []
+
+
+def test_a_key_reaches_all_deployments_or_some_never_none_by_choice() -> None:
+    a = make_deployment()
+    tenant = make_tenant(a)
+    with pytest.raises(ValidationError) as e:
+        api_key_create(tenant=tenant, name="nothing")
+    assert "all_deployments" in e.value.message_dict["scopes"][0]
+    with pytest.raises(ValidationError) as e:
+        api_key_create(tenant=tenant, name="both", scopes=[a], all_deployments=True)
+    assert "one or the other" in e.value.message_dict["scopes"][0]
+    key, _ = api_key_create(tenant=tenant, name="k", scopes=[a])
+    with pytest.raises(ValidationError):
+        api_key_update(api_key=key, scopes=[])
+    with pytest.raises(ValidationError):
+        api_key_update(api_key=key, all_deployments=True)
+    api_key_update(api_key=key, all_deployments=True, scopes=[])
+    key.refresh_from_db()
+    assert key.all_deployments and list(key.scopes.all()) == []
+
+
+def test_expiry_in_the_past_is_refused() -> None:
+    with pytest.raises(ValidationError) as e:
+        api_key_create(
+            all_deployments=True,
+            tenant=make_tenant(),
+            name="old",
+            expires_at=timezone.now() - timedelta(seconds=1),
+        )
+    assert "expires_at" in e.value.message_dict
+
+
+def test_revoke_is_idempotent_and_makes_the_key_unusable() -> None:
+    key, _ = api_key_create(all_deployments=True, tenant=make_tenant(), name="k")
+    assert key.is_usable() and ApiKey.objects.usable().filter(pk=key.pk).exists()
+    api_key_revoke(api_key=key)
+    first = key.revoked_at
+    assert first is not None and not key.is_usable()
+    api_key_revoke(api_key=key)
+    assert key.revoked_at == first
+    assert not ApiKey.objects.usable().filter(pk=key.pk).exists()
+
+
+def record(**overrides: object) -> RequestRecord:
+    fields: dict[str, object] = {
+        "request_id": "r1",
+        "api_key": None,
+        "model_name": "m",
+        "endpoint": "chat",
+        "stream": True,
+        "t_arrival": T0,
+        "t_first_token": T0 + timedelta(milliseconds=200),
+        "t_end": T0 + timedelta(seconds=1),
+        "prompt_tokens": 10,
+        "completion_tokens": 9,
+        "ttft_ms": 200.0,
+        "tpot_ms": 100.0,
+        "max_itl_ms": 150.0,
+        "status": "ok",
+    }
+    fields.update(overrides)
+    return request_record_create(**fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "flags"),
+    [
+        ({}, (True, True)),  # standard: 5000 ms / 100 ms, both on the limit
+        ({"ttft_ms": 5000.5}, (False, True)),
+        ({"tpot_ms": 100.01}, (True, False)),
+        ({"completion_tokens": 1, "tpot_ms": None}, (True, True)),
+        (
+            {"status": "error", "http_status": 503, "error_type": "engine_unavailable"},
+            (False, False),
+        ),
+        ({"status": "aborted"}, (False, False)),
+        ({"ttft_ms": None, "completion_tokens": 0, "tpot_ms": None}, (False, True)),
+    ],
+)
+def test_slo_flags_follow_the_deployments_class_for_a_tenant_without_one(
+    overrides: dict[str, object], flags: tuple[bool, bool]
+) -> None:
+    deployment = make_deployment(slo_class=slo("standard"))
+    tenant = make_tenant(deployment, slo_name=None)
+    rec = record(tenant=tenant, deployment=deployment, **overrides)
+    assert (rec.ttft_met, rec.tbt_met) == flags
+
+
+def test_the_tenants_class_judges_its_requests_on_any_deployment() -> None:
+    # standard: 5000 ms / 100 ms; interactive: 1000 ms / 50 ms; batch: 60 s / 500 ms
+    deployment = make_deployment(slo_class=slo("standard"))
+    strict = make_tenant(deployment, slo_name="interactive")
+    lenient = make_tenant(deployment, slo_name="batch")
+    rec = record(tenant=strict, deployment=deployment, ttft_ms=2000.0, tpot_ms=80.0)
+    assert (rec.ttft_met, rec.tbt_met) == (False, False)
+    rec = record(tenant=lenient, deployment=deployment, ttft_ms=9000.0, tpot_ms=300.0)
+    assert (rec.ttft_met, rec.tbt_met) == (True, True)
+
+
+def test_without_a_deployment_the_tenants_class_judges_and_nothing_is_rolled_up() -> None:
+    tenant = make_tenant(slo_name="interactive")  # 1000 ms TTFT
+    rec = record(tenant=tenant, deployment=None, ttft_ms=1500.0)
+    assert not rec.ttft_met
+    # Without a class of its own and without a deployment there is nothing to meet.
+    rec = record(tenant=make_tenant(slo_name=None), deployment=None, ttft_ms=1.0)
+    assert (rec.ttft_met, rec.tbt_met) == (False, False)
+    assert UsageRollup.objects.count() == 0
+
+
+def test_rollup_adds_each_record_of_the_minute() -> None:
+    deployment = make_deployment()
+    tenant = make_tenant(deployment)
+    record(tenant=tenant, deployment=deployment)
+    record(
+        tenant=tenant,
+        deployment=deployment,
+        request_id="r2",
+        t_arrival=T0 + timedelta(seconds=50),
+        ttft_ms=6000.0,
+        tpot_ms=50.0,
+        prompt_tokens=5,
+        completion_tokens=3,
+    )
+    record(
+        tenant=tenant,
+        deployment=deployment,
+        request_id="r3",
+        status="error",
+        http_status=503,
+        prompt_tokens=0,
+        completion_tokens=0,
+        ttft_ms=None,
+        tpot_ms=None,
+    )
+    record(
+        tenant=tenant, deployment=deployment, request_id="r4", t_arrival=T0 + timedelta(minutes=1)
+    )
+    rows = list(UsageRollup.objects.order_by("minute"))
+    assert [r.minute for r in rows] == [
+        T0.replace(second=0),
+        T0.replace(second=0) + timedelta(minutes=1),
+    ]
+    first = rows[0]
+    assert (first.requests, first.errors) == (3, 1)
+    assert (first.prompt_tokens, first.completion_tokens) == (15, 12)
+    assert (first.ttft_met, first.tbt_met, first.both_met) == (1, 2, 1)
+    assert first.sum_ttft_ms == pytest.approx(6200.0)
+    assert first.sum_tpot_ms == pytest.approx(150.0)
+    assert rows[1].requests == 1
+
+
+def test_bad_record_fields_are_refused_and_nothing_is_written() -> None:
+    deployment = make_deployment()
+    tenant = make_tenant(deployment)
+    with pytest.raises(ValidationError):
+        record(tenant=tenant, deployment=deployment, endpoint="embeddings")
+    assert RequestRecord.objects.count() == 0 and UsageRollup.objects.count() == 0
