@@ -1,4 +1,6 @@
-"""The ASGI application: Django for HTTP, Channels for websockets."""
+"""The ASGI application: Django for HTTP (the gateway's routes on its fast path),
+Channels for websockets, and the lifespan protocol (the gateway's connections close at
+shutdown). Servers run it with lifespan on (``shunter web``, ``shunter demo``)."""
 
 from __future__ import annotations
 
@@ -14,13 +16,15 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from shunter.platform.gateway.asgi import gateway_fast_path, gateway_lifespan  # noqa: E402
 from shunter.platform.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_http,
+        "http": gateway_fast_path(django_http),
         "websocket": AllowedHostsOriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
         ),
+        "lifespan": gateway_lifespan,
     }
 )

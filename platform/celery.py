@@ -1,4 +1,8 @@
-"""The Celery application. Without REDIS_URL tasks run in-process (eagerly)."""
+"""The Celery application. Without REDIS_URL tasks run in-process (eagerly).
+
+Beat's schedule lives in the database (django-celery-beat); the entries below are
+written there when beat starts, and an operator can change their interval in the admin.
+"""
 
 from __future__ import annotations
 
@@ -10,4 +14,12 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "shunter.platform.settings")
 
 app = Celery("shunter")
 app.config_from_object("django.conf:settings", namespace="CELERY")
+app.conf.beat_schedule = {
+    # Engine health, state (for the console) and restart detection, every few seconds.
+    "shunter-nodes-poll": {
+        "task": "shunter.platform.nodes_poll",
+        "schedule": 5.0,
+        "options": {"expires": 5.0},
+    },
+}
 app.autodiscover_tasks()

@@ -65,7 +65,7 @@ def serve(host: str, port: int, *, log_level: str = "info") -> None:
         log_level=log_level,
         proxy_headers=True,
         forwarded_allow_ips=os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1"),
-        lifespan="off",
+        lifespan="on",  # the gateway closes its connections at shutdown
     )
 
 
@@ -75,37 +75,76 @@ def cmd_web(ns: argparse.Namespace) -> int:
 
 
 def cmd_demo(ns: argparse.Namespace) -> int:
-    """Bring the platform up on the embedded default and serve it."""
+    """Bring the whole platform up on the embedded default and serve it (the pieces are
+    in ``shunter.platform.demo``); with ``--no-serve``, register everything and exit."""
     # The embedded default: local development settings unless the caller chose otherwise.
     os.environ.setdefault("DEBUG", "1")
     os.environ.setdefault("SHUNTER_HTTPS", "0")
     _setup_django()
+    import contextlib
+
     from django.conf import settings
     from django.core.management import call_command
 
-    from shunter.platform import runtime
+    from shunter.platform import demo, runtime
+
+    paths = demo.DemoPaths(settings.VAR_DIR)
+    with contextlib.ExitStack() as running:  # children stop in reverse order of start
+        try:
+            model_dirs = demo.ensure_model_dirs(paths.models)
+            engine = None
+            if not ns.no_serve:  # it loads its models while the database migrates
+                engine = demo.EngineProcess.start(model_dirs, paths.engine_log)
+                running.callback(engine.stop)
+            call_command("migrate", interactive=False, verbosity=0)
+            demo.use_wal()
+            info = runtime.describe()
+            print(
+                f"database: {info.database}, channel layer: {info.channel_layer}, "
+                f"tasks: {info.task_mode}, data in {settings.VAR_DIR}"
+            )
+            _print_admin(ns.admin_user)
+            if engine is not None:
+                engine.wait_healthy()
+                print(f"engine: {engine.url} (log: {engine.log})")
+            prepared = demo.prepare(paths=paths, model_dirs=model_dirs, engine=engine)
+        except demo.DemoError as e:
+            print(f"shunter demo: {e}", file=sys.stderr)
+            return 1
+        print(f"tenant keys: {paths.keys} (mode 0600)")
+        if ns.no_serve:
+            return 0
+        base = demo.local_url(ns.host, ns.port)
+        poller = demo.NodePoller(prepared.node_id)
+        # Children are forked with a pre-exec hook, which is only safe with no other
+        # thread running: the generator starts before the poller's thread.
+        load = demo.LoadProcess.start(base, prepared.secrets, paths.load_log)
+        running.callback(poller.stop)
+        running.callback(load.stop)
+        poller.start()
+        print(
+            f"load generator: {', '.join(f'{s.tenant} -> {s.model}' for s in demo.LOAD)} "
+            f"through the gateway (log: {paths.load_log})"
+        )
+        print(f"gateway: {base}/v1  admin: {base}/admin/  API: {base}/api/")
+        print(f"console: {base}/console/  (Ctrl-C to stop)", flush=True)
+        demo.serve(ns.host, ns.port, on_exit=load.terminate)
+    return 0
+
+
+def _print_admin(username: str) -> None:
+    """Ensure the admin user and say how to log in (a generated password only once)."""
     from shunter.platform.services import admin_user_ensure
 
-    call_command("migrate", interactive=False, verbosity=0)
-    info = runtime.describe()
-    print(
-        f"database: {info.database}, channel layer: {info.channel_layer}, "
-        f"tasks: {info.task_mode}, data in {settings.VAR_DIR}"
-    )
     ensured = admin_user_ensure(
-        username=ns.admin_user, password=os.environ.get("SHUNTER_ADMIN_PASSWORD") or None
+        username=username, password=os.environ.get("SHUNTER_ADMIN_PASSWORD") or None
     )
     if ensured.password is not None and not os.environ.get("SHUNTER_ADMIN_PASSWORD"):
-        print(f"admin user: {ns.admin_user}  password: {ensured.password}  (shown once)")
+        print(f"admin user: {username}  password: {ensured.password}  (shown once)")
     elif ensured.password is not None:
-        print(f"admin user: {ns.admin_user}  password: from SHUNTER_ADMIN_PASSWORD")
+        print(f"admin user: {username}  password: from SHUNTER_ADMIN_PASSWORD")
     else:
-        print(f"admin user: {ns.admin_user} (exists; set SHUNTER_ADMIN_PASSWORD to reset it)")
-    if ns.no_serve:
-        return 0
-    print(f"serving http://{ns.host}:{ns.port}/  (admin: /admin/, Ctrl-C to stop)", flush=True)
-    serve(ns.host, ns.port)
-    return 0
+        print(f"admin user: {username} (exists; set SHUNTER_ADMIN_PASSWORD to reset it)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -124,7 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
     web.set_defaults(func=cmd_web)
 
     demo = sub.add_parser(
-        "demo", help="migrate the embedded default, ensure an admin user, and serve"
+        "demo",
+        help="the whole platform on the embedded default: engine, web, load generator",
+        description="Make two tiny models under var/models/, start an engine on them, "
+        "migrate the embedded database, ensure an admin user, register the demo node, "
+        "models, deployments, tenants and keys (var/demo/keys.json), poll the engine, "
+        "start a background load generator through the gateway, and serve until Ctrl-C.",
     )
     demo.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     demo.add_argument("--port", type=int, default=8000, help="port (default 8000)")
@@ -133,7 +177,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("SHUNTER_ADMIN_USER", "admin"),
         help="admin user name (default: $SHUNTER_ADMIN_USER or admin)",
     )
-    demo.add_argument("--no-serve", action="store_true", help="prepare everything, then exit")
+    demo.add_argument(
+        "--no-serve",
+        action="store_true",
+        help="make the models, migrate, ensure the admin and register the demo, then exit "
+        "(no engine, no load, no server)",
+    )
     demo.set_defaults(func=cmd_demo)
 
     from shunter.engine.cli import register as register_engine_commands

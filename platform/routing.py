@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
-from django.urls import URLPattern, URLResolver
+from django.urls import URLPattern, URLResolver, path
 
-websocket_urlpatterns: list[URLPattern | URLResolver] = []
+from shunter.console.consumers import NodeConsumer, OverviewConsumer
+
+websocket_urlpatterns: list[URLPattern | URLResolver] = [
+    path("ws/console/overview/", OverviewConsumer.as_asgi()),
+    path("ws/console/nodes/<int:node_id>/", NodeConsumer.as_asgi()),
+]

@@ -1,13 +1,35 @@
-"""Write operations of the platform app (services: keyword-only, typed, atomic)."""
+"""Write operations of the platform app (services: keyword-only, typed, atomic).
+
+Invalid input raises ``django.core.exceptions.ValidationError`` with messages per field;
+the admin and the REST API show them as form errors and 400 responses. A change to what a
+node should serve enqueues its reconcile after the transaction commits.
+"""
 
 from __future__ import annotations
 
+import logging
+import math
 import secrets
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
+from django.core.cache import cache
+from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.utils import timezone
+
+from shunter.engine.config import ModelSpec, RemapConfig
+from shunter.engine.exec.hf_config import ArchConfig, read_config
+from shunter.engine.exec.hf_config import model_spec_from_config as spec_of_config
+from shunter.platform import selectors
+from shunter.platform.engine_client import EngineClient, EngineError
+from shunter.platform.models import Deployment, Model, Node, SloClass
+
+log = logging.getLogger("shunter.platform")
 
 
 @dataclass(frozen=True)
@@ -39,3 +61,468 @@ def admin_user_ensure(*, username: str, password: str | None = None) -> AdminEns
     user.is_active = True
     user.save()
     return AdminEnsured(user=user, created=created, password=new_password)
+
+
+# -- models --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelFacts:
+    """What a model directory's ``config.json`` says, as the engine reads it."""
+
+    architecture: str
+    num_layers: int
+    param_bytes: int
+    kv_bytes_per_token: int
+    context_length: int
+    config: dict[str, Any]
+
+
+def model_facts(source_dir: str | Path, *, name: str = "model") -> ModelFacts:
+    """Read ``source_dir/config.json`` with the engine's own readers (no torch).
+
+    ValidationError (on ``source_dir``) when the file is missing, not JSON, or describes
+    a model the engine cannot serve.
+    """
+    try:
+        config = read_config(source_dir)
+        arch = ArchConfig.from_hf(config)
+        spec = spec_of_config(config, name)
+    except FileNotFoundError:
+        raise ValidationError({"source_dir": f"{source_dir} has no config.json."}) from None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        message = f"{source_dir}/config.json cannot be served: {e}"
+        raise ValidationError({"source_dir": message}) from None
+    architectures = config.get("architectures")
+    architecture = (
+        str(architectures[0]) if isinstance(architectures, list) and architectures else arch.family
+    )
+    return ModelFacts(
+        architecture=architecture[:64],
+        num_layers=spec.num_layers,
+        param_bytes=spec.param_bytes,
+        kv_bytes_per_token=spec.kv_bytes_per_token,
+        context_length=spec.max_context,
+        config=config,
+    )
+
+
+def _apply_facts(model: Model, facts: ModelFacts) -> None:
+    model.architecture = facts.architecture
+    model.num_layers = facts.num_layers
+    model.param_bytes = facts.param_bytes
+    model.kv_bytes_per_token = facts.kv_bytes_per_token
+    model.context_length = facts.context_length
+    model.config = facts.config
+
+
+@transaction.atomic
+def model_create(*, name: str, source_dir: str) -> Model:
+    """Register the model directory ``source_dir`` served as ``name``."""
+    model = Model(name=name, source_dir=source_dir)
+    _apply_facts(model, model_facts(source_dir, name=name))
+    model.full_clean()
+    model.save()
+    return model
+
+
+@transaction.atomic
+def model_update(*, model: Model, name: str | None = None, source_dir: str | None = None) -> Model:
+    """Rename a model or point it at another directory (its facts are read again). Every
+    node serving it must still fit, and is reconciled."""
+    if name is not None:
+        model.name = name
+    if source_dir is not None:
+        model.source_dir = source_dir
+    _apply_facts(model, model_facts(model.source_dir, name=model.name))
+    model.full_clean()
+    model.save()
+    for node in Node.objects.filter(deployments__model=model).distinct():
+        _check_node_fit(node, selectors.node_desired_deployments(node=node))
+        _reconcile_on_commit(node.pk)
+    return model
+
+
+# -- SLO classes ---------------------------------------------------------------------------
+SLO_FIELDS = {"name", "ttft_ms", "tbt_ms", "alpha", "beta_b", "beta_f", "attainment_target"}
+
+
+@transaction.atomic
+def slo_class_create(**fields: Any) -> SloClass:
+    """A new SLO class from SloClass fields (keyword-only)."""
+    unknown = set(fields) - SLO_FIELDS
+    if unknown:
+        raise TypeError(f"slo_class_create() got unexpected fields {sorted(unknown)}")
+    slo = SloClass(**fields)
+    slo.full_clean()
+    slo.save()
+    return slo
+
+
+@transaction.atomic
+def slo_class_update(*, slo_class: SloClass, **fields: Any) -> SloClass:
+    """Change an SLO class; the nodes serving deployments of it are reconciled."""
+    unknown = set(fields) - SLO_FIELDS
+    if unknown:
+        raise TypeError(f"slo_class_update() got unexpected fields {sorted(unknown)}")
+    for field, value in fields.items():
+        setattr(slo_class, field, value)
+    slo_class.full_clean()
+    slo_class.save()
+    for node_id in set(slo_class.deployments.values_list("node_id", flat=True)):
+        _reconcile_on_commit(node_id)
+    return slo_class
+
+
+# -- nodes ---------------------------------------------------------------------------------
+NODE_FIELDS = {"name", "engine_url", "hardware_profile", "hbm_bytes", "dram_bytes"}
+
+
+@transaction.atomic
+def node_create(*, engine_token: str = "", **fields: Any) -> Node:
+    """Register a node (Node fields: ``name``, ``engine_url``, ``hbm_bytes``, ...) and
+    its engine's token, stored encrypted."""
+    unknown = set(fields) - NODE_FIELDS
+    if unknown:
+        raise TypeError(f"node_create() got unexpected fields {sorted(unknown)}")
+    node = Node(**fields)
+    node.set_engine_token(engine_token)
+    node.full_clean()
+    node.save()
+    return node
+
+
+@transaction.atomic
+def node_update(*, node: Node, engine_token: str | None = None, **fields: Any) -> Node:
+    """Change a node; ``engine_token`` None keeps the stored token, '' clears it. Its
+    deployments must still fit (a smaller HBM may not), and it is reconciled when its
+    engine's address or token changed."""
+    unknown = set(fields) - NODE_FIELDS
+    if unknown:
+        raise TypeError(f"node_update() got unexpected fields {sorted(unknown)}")
+    node = Node.objects.select_for_update().get(pk=node.pk)
+    reach_changed = engine_token is not None or fields.get("engine_url", node.engine_url) != (
+        node.engine_url
+    )
+    for field, value in fields.items():
+        setattr(node, field, value)
+    if engine_token is not None:
+        node.set_engine_token(engine_token)
+    node.full_clean()
+    _check_node_fit(node, selectors.node_desired_deployments(node=node))
+    node.save()
+    if reach_changed:
+        _reconcile_on_commit(node.pk)
+    return node
+
+
+# -- fit: do a node's deployments fit its HBM? -----------------------------------------------
+# The share of a model's decoder layers the engine may lend to the KV cache, and never so
+# many that fewer than two stay resident (``remap.layers.max_alpha``: a slot and a layer).
+REMAP_CAP_FRACTION = RemapConfig().cap_fraction
+
+
+def remappable_layers(spec: ModelSpec) -> int:
+    """Decoder layers of ``spec`` that remapping may take at most."""
+    return max(0, min(math.floor(REMAP_CAP_FRACTION * spec.num_layers), spec.num_layers - 2))
+
+
+def kv_reserve_bytes(deployment: Deployment) -> int:
+    """The KV a deployment keeps at least: its floor, and never less than one full
+    context (``max_context`` or the model's), which the engine needs to admit one."""
+    context = deployment.context_tokens() * deployment.model.kv_bytes_per_token
+    return max(deployment.kv_floor_bytes or 0, context)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The HBM a node's enabled deployments need, by part.
+
+    - spatial models run whenever they have work: all their weights stay resident;
+    - temporal models take turns: the largest one's weights resident (whoever holds the
+      turn), every other one only its non-remappable share (embeddings, the head and the
+      layers beyond the remapping cap), the rest lent to the KV cache while it waits;
+    - a KV reserve per deployment (``kv_reserve_bytes``).
+    """
+
+    hbm_bytes: int
+    spatial_weight_bytes: int
+    temporal_weight_bytes: int
+    kv_reserve_bytes: int
+
+    @property
+    def need_bytes(self) -> int:
+        return self.spatial_weight_bytes + self.temporal_weight_bytes + self.kv_reserve_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.need_bytes <= self.hbm_bytes
+
+    def describe(self) -> str:
+        gib = 1024**3
+        return (
+            f"needs {self.need_bytes} bytes ({self.need_bytes / gib:.2f} GiB: spatial weights "
+            f"{self.spatial_weight_bytes}, temporal weights {self.temporal_weight_bytes}, "
+            f"KV reserve {self.kv_reserve_bytes}) of {self.hbm_bytes} bytes of HBM "
+            f"({self.hbm_bytes / gib:.2f} GiB)"
+        )
+
+
+def node_fit(*, hbm_bytes: int, deployments: Sequence[Deployment]) -> Fit:
+    """The fit of ``deployments`` (the enabled ones of one node) in ``hbm_bytes``."""
+    spatial = [d for d in deployments if d.sharing == Deployment.Sharing.SPATIAL]
+    temporal = [d.model.spec() for d in deployments if d.sharing == Deployment.Sharing.TEMPORAL]
+    spatial_bytes = sum(d.model.param_bytes for d in spatial)
+    temporal_bytes = 0
+    if temporal:
+        largest = max(temporal, key=lambda s: (s.param_bytes, s.name))
+        temporal_bytes = largest.param_bytes + sum(
+            s.param_bytes - remappable_layers(s) * s.layer_bytes
+            for s in temporal
+            if s is not largest
+        )
+    return Fit(
+        hbm_bytes=hbm_bytes,
+        spatial_weight_bytes=spatial_bytes,
+        temporal_weight_bytes=temporal_bytes,
+        kv_reserve_bytes=sum(kv_reserve_bytes(d) for d in deployments),
+    )
+
+
+def _check_node_fit(node: Node, deployments: Sequence[Deployment]) -> Fit:
+    fit = node_fit(hbm_bytes=node.hbm_bytes, deployments=deployments)
+    if not fit.fits:
+        names = ", ".join(f"{d.model.name} ({d.sharing})" for d in deployments)
+        raise ValidationError(
+            f"The enabled deployments of node {node.name!r} do not fit its HBM: {names} "
+            f"{fit.describe()}."
+        )
+    return fit
+
+
+# -- deployments ---------------------------------------------------------------------------
+DEPLOYMENT_FIELDS = {
+    "node",
+    "model",
+    "sharing",
+    "slo_class",
+    "priority",
+    "kv_floor_bytes",
+    "kv_ceiling_bytes",
+    "max_context",
+    "enabled",
+}
+
+
+def _clean_deployment(deployment: Deployment) -> None:
+    deployment.full_clean()
+    errors: dict[str, str] = {}
+    model = deployment.model
+    if deployment.max_context is not None and deployment.max_context > model.context_length:
+        errors["max_context"] = (
+            f"{deployment.max_context} tokens exceed {model.name}'s context length "
+            f"({model.context_length})."
+        )
+    floor, ceiling = deployment.kv_floor_bytes, deployment.kv_ceiling_bytes
+    if ceiling is not None:
+        context = deployment.context_tokens() * model.kv_bytes_per_token
+        if floor is not None and ceiling < floor:
+            errors["kv_ceiling_bytes"] = f"{ceiling} bytes is below the KV floor ({floor})."
+        elif ceiling < context:
+            errors["kv_ceiling_bytes"] = (
+                f"{ceiling} bytes cannot hold one full context of {deployment.context_tokens()} "
+                f"tokens ({context} bytes)."
+            )
+    if errors:
+        raise ValidationError(errors)
+
+
+def _save_deployment(deployment: Deployment, nodes: Iterable[Node]) -> Deployment:
+    """Validate, check the fit of every affected node (locked: two concurrent changes on
+    one node cannot both pass on stale counts), save, reconcile them after commit."""
+    _clean_deployment(deployment)
+    locked = list(
+        Node.objects.select_for_update().filter(pk__in={n.pk for n in nodes}).order_by("pk")
+    )
+    for node in locked:
+        desired = [
+            d for d in selectors.node_desired_deployments(node=node) if d.pk != deployment.pk
+        ]
+        if deployment.enabled and deployment.node_id == node.pk:
+            desired.append(deployment)
+        _check_node_fit(node, desired)
+    deployment.save()
+    for node in locked:
+        _reconcile_on_commit(node.pk)
+    return deployment
+
+
+@transaction.atomic
+def deployment_create(
+    *, node: Node, model: Model, slo_class: SloClass, **fields: Any
+) -> Deployment:
+    """Deploy ``model`` on ``node`` (other Deployment fields as keywords)."""
+    unknown = set(fields) - DEPLOYMENT_FIELDS
+    if unknown:
+        raise TypeError(f"deployment_create() got unexpected fields {sorted(unknown)}")
+    deployment = Deployment(node=node, model=model, slo_class=slo_class, **fields)
+    return _save_deployment(deployment, [node])
+
+
+@transaction.atomic
+def deployment_update(*, deployment: Deployment, **fields: Any) -> Deployment:
+    """Change a deployment; the nodes it leaves and joins must fit and are reconciled."""
+    unknown = set(fields) - DEPLOYMENT_FIELDS
+    if unknown:
+        raise TypeError(f"deployment_update() got unexpected fields {sorted(unknown)}")
+    before = deployment.node
+    for field, value in fields.items():
+        setattr(deployment, field, value)
+    return _save_deployment(deployment, {before, deployment.node})
+
+
+@transaction.atomic
+def deployment_delete(*, deployment: Deployment) -> None:
+    """Stop serving a deployment (its records keep their numbers, without the link)."""
+    node_id = deployment.node_id
+    deployment.delete()
+    _reconcile_on_commit(node_id)
+
+
+# -- engine reconcile and poll ----------------------------------------------------------------
+def _reconcile_on_commit(node_id: int) -> None:
+    def enqueue() -> None:
+        from shunter.platform.tasks import node_reconcile_task  # tasks import services
+
+        node_reconcile_task.delay(node_id)
+
+    transaction.on_commit(enqueue)
+
+
+def engine_client(node: Node, *, timeout_s: float | None = None) -> EngineClient:
+    """A client of ``node``'s engine with its token."""
+    if timeout_s is None:
+        return EngineClient(node.engine_url, node.engine_token())
+    return EngineClient(node.engine_url, node.engine_token(), timeout_s)
+
+
+def desired_body(deployments: Sequence[Deployment]) -> dict[str, Any]:
+    """The ``PUT /admin/deployments`` body serving ``deployments``: models with their
+    sharing mode, priority and SLO class, and the SLO classes they name."""
+    return {
+        "models": [d.engine_entry() for d in deployments],
+        "slo_classes": {d.slo_class.name: d.slo_class.engine_table() for d in deployments},
+    }
+
+
+@dataclass(frozen=True)
+class Reconciled:
+    """What a reconcile did: ``changes`` as the engine reports them, or ``error``."""
+
+    ok: bool
+    changes: dict[str, Any] | None = None
+    error: str = ""
+
+
+def node_reconcile(*, node: Node) -> Reconciled:
+    """Make ``node``'s engine serve its enabled deployments (``PUT /admin/deployments``).
+
+    Not one transaction: the engine call may take long (loading weights) and no row lock
+    is held over it. An unreachable engine marks the node unhealthy; a refusal (the
+    engine cannot serve the set, e.g. a directory it lacks) is kept in ``last_error``.
+    A node without enabled deployments is left serving what it serves (an engine
+    needs at least one model).
+    """
+    desired = selectors.node_desired_deployments(node=node)
+    if not desired:
+        error = "No enabled deployments: the engine keeps serving its current models."
+        Node.objects.filter(pk=node.pk).update(last_error=error)
+        node.last_error = error
+        return Reconciled(ok=False, error=error)
+    try:
+        changes = engine_client(node).put_deployments(desired_body(desired))
+    except EngineError as e:
+        fields: dict[str, Any] = {"last_error": f"reconcile: {e}"}
+        if e.status is None:
+            fields["status"] = Node.Status.UNHEALTHY
+        Node.objects.filter(pk=node.pk).update(**fields)
+        for field, value in fields.items():
+            setattr(node, field, value)
+        log.warning("node %s: reconcile failed: %s", node.name, e)
+        return Reconciled(ok=False, error=str(e))
+    Node.objects.filter(pk=node.pk).update(last_error="")
+    node.last_error = ""
+    log.info("node %s reconciled: %s", node.name, changes)
+    return Reconciled(ok=True, changes=changes)
+
+
+@dataclass(frozen=True)
+class Polled:
+    """A poll's outcome: whether the engine answered, whether it had restarted or served
+    another set than desired, and the reconcile that followed (if any)."""
+
+    healthy: bool
+    restarted: bool = False
+    drifted: bool = False
+    reconciled: Reconciled | None = None
+
+
+def served_set(state: dict[str, Any]) -> dict[str, tuple[str, int]]:
+    """Model name -> (sharing, priority) as an engine's ``/admin/state`` reports them."""
+    models = state.get("models")
+    if not isinstance(models, dict):
+        return {}
+    return {
+        str(name): (str(info.get("sharing")), int(info.get("priority", 0)))
+        for name, info in models.items()
+        if isinstance(info, dict)
+    }
+
+
+def node_poll(*, node: Node) -> Polled:
+    """Probe ``node``'s engine: ``/health``, ``/admin/state`` and ``/v1/models``.
+
+    Updates status, last_seen, the cached state and the engine's start time. When the
+    engine restarted (its start time changed) or serves another set than the desired one
+    (names, sharing modes, priorities), it is reconciled at once; one reconcile per node
+    runs at a time.
+    """
+    client = engine_client(node)
+    try:
+        client.health()
+        state = client.state()
+        listed = client.models()
+    except EngineError as e:
+        Node.objects.filter(pk=node.pk).update(
+            status=Node.Status.UNHEALTHY, last_error=f"poll: {e}"
+        )
+        node.status, node.last_error = Node.Status.UNHEALTHY, f"poll: {e}"
+        return Polled(healthy=False)
+    data = listed.get("data") or []
+    started = data[0].get("created") if data and isinstance(data[0], dict) else None
+    started = int(started) if isinstance(started, int | float) else None
+    desired = {
+        d.model.name: (d.sharing, d.priority) for d in selectors.node_desired_deployments(node=node)
+    }
+    restarted = node.engine_started is not None and started != node.engine_started
+    drifted = bool(desired) and served_set(state) != desired
+    now = timezone.now()
+    fields = {
+        "status": Node.Status.HEALTHY,
+        "last_seen": now,
+        "state": state,
+        "state_at": now,
+        "engine_started": started,
+    }
+    if node.last_error.startswith("poll:"):
+        fields["last_error"] = ""
+    Node.objects.filter(pk=node.pk).update(**fields)
+    for field, value in fields.items():
+        setattr(node, field, value)
+    reconciled = None
+    if restarted or drifted:
+        lock = f"shunter:node-reconcile:{node.pk}"
+        if cache.add(lock, 1, timeout=180):
+            try:
+                reconciled = node_reconcile(node=node)
+            finally:
+                cache.delete(lock)
+    return Polled(healthy=True, restarted=restarted, drifted=drifted, reconciled=reconciled)

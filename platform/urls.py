@@ -1,5 +1,5 @@
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 
 from shunter.platform import views
 
@@ -7,4 +7,7 @@ urlpatterns = [
     path("", views.home, name="home"),
     path("healthz", views.healthz, name="healthz"),
     path("admin/", admin.site.urls),
+    path("api/", include("shunter.platform.api.urls")),
+    path("console/", include("shunter.console.urls")),
+    path("", include("shunter.platform.gateway.urls")),
 ]

@@ -1,25 +1,36 @@
-"""`shunter demo` end to end: migrate the embedded default, create the admin, serve, log in."""
+"""`shunter demo` end to end, as a real process on a free port with its own var dir: the
+engine child, the seeded control plane, the console login, a gateway call with a seeded
+key, records from the background load generator, a healthy node with a memory map, and a
+clean stop on SIGTERM that leaves no child behind."""
 
 from __future__ import annotations
 
 import http.cookiejar
+import json
+import os
 import re
 import signal
+import stat
 import subprocess
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 
+from shunter.platform.demo import DEMO_LAYERS
 from tests.conftest import REPO, VENV_BIN, free_port
 
 pytestmark = pytest.mark.slow
+PASSWORD = "demo pass 4 tests"
+T = TypeVar("T")
 
 
-def wait_for(url: str, proc: subprocess.Popen[str], timeout: float = 60) -> None:
+def wait_for(url: str, proc: subprocess.Popen[str], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
@@ -31,30 +42,63 @@ def wait_for(url: str, proc: subprocess.Popen[str], timeout: float = 60) -> None
     raise AssertionError(f"{url} did not answer within {timeout}s")
 
 
-def admin_login(base: str, username: str, password: str) -> str:
-    """Log in through the admin's form as a browser would; return the admin index page."""
+def eventually(check: Callable[[], T | None], timeout: float, what: str) -> T:
+    """``check()``'s first truthy value within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"no {what} within {timeout}s"
+        time.sleep(1)
+
+
+def console_login(base: str, username: str, password: str) -> urllib.request.OpenerDirector:
+    """Log in through the console's form as a browser would; the opener keeps the session."""
     jar = http.cookiejar.CookieJar()
     opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
-    form = opener.open(f"{base}/admin/login/?next=/admin/").read().decode()
+    form = opener.open(f"{base}/console/login/").read().decode()
     match = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form)
     assert match, form
     data = urllib.parse.urlencode(
-        {
-            "csrfmiddlewaretoken": match.group(1),
-            "username": username,
-            "password": password,
-            "next": "/admin/",
-        }
+        {"csrfmiddlewaretoken": match.group(1), "username": username, "password": password}
     ).encode()
     request = urllib.request.Request(
-        f"{base}/admin/login/?next=/admin/", data=data, headers={"Referer": f"{base}/admin/login/"}
+        f"{base}/console/login/", data=data, headers={"Referer": f"{base}/console/login/"}
     )
-    return str(opener.open(request).read().decode())
+    with opener.open(request) as response:
+        assert response.geturl() == f"{base}/console/", response.geturl()
+    return opener
 
 
-def test_demo_serves_home_and_admin(clean_env: dict[str, str], tmp_path: Path) -> None:
+def get_json(opener: urllib.request.OpenerDirector, url: str) -> Any:
+    with opener.open(url, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def child_pids(pid: int) -> set[int]:
+    """The live processes whose parent is ``pid`` (Linux /proc)."""
+    children = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            text = (task / "children").read_text().split()
+        except FileNotFoundError:  # a thread that ended while we looked
+            continue
+        children.update(int(c) for c in text)
+    return children
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_demo_brings_the_platform_up(clean_env: dict[str, str], tmp_path: Path) -> None:
     port = free_port()
-    env = {**clean_env, "SHUNTER_ADMIN_PASSWORD": "demo pass 4 tests"}
+    env = {**clean_env, "SHUNTER_ADMIN_PASSWORD": PASSWORD}
     proc = subprocess.Popen(
         [str(VENV_BIN / "shunter"), "demo", "--port", str(port)],
         cwd=REPO,
@@ -64,33 +108,107 @@ def test_demo_serves_home_and_admin(clean_env: dict[str, str], tmp_path: Path) -
         text=True,
     )
     base = f"http://127.0.0.1:{port}"
+    var = tmp_path / "var"
+    children: set[int] = set()
     try:
-        wait_for(f"{base}/healthz", proc)
+        wait_for(f"{base}/healthz", proc, timeout=300)
+        children = child_pids(proc.pid)
+        assert len(children) == 2  # the engine and the load generator
+
         home = urllib.request.urlopen(f"{base}/").read().decode()
         assert "embedded default" in home and "InMemoryChannelLayer" in home
-        index = admin_login(base, "admin", "demo pass 4 tests")
-        assert "Site administration" in index
-        css = urllib.request.urlopen(f"{base}/static/admin/css/base.css")
-        assert css.status == 200
+        opener = console_login(base, "admin", PASSWORD)
+        overview = opener.open(f"{base}/console/").read().decode()
+        assert "demo-chat" in overview and "demo-batch" in overview
+
+        keys_file = var / "demo" / "keys.json"
+        assert stat.S_IMODE(keys_file.stat().st_mode) == 0o600
+        keys = json.loads(keys_file.read_text())
+        assert set(keys) == {"demo-chat", "demo-batch"}
+        chat = keys["demo-chat"]
+        request = urllib.request.Request(
+            f"{base}/v1/chat/completions",
+            data=json.dumps(
+                {
+                    "model": chat["model"],
+                    "messages": [{"role": "user", "content": "hello there"}],
+                    "max_tokens": 8,
+                }
+            ).encode(),
+            headers={
+                "Authorization": f"Bearer {chat['key']}",
+                "Content-Type": "application/json",
+            },
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            reply = json.loads(response.read())
+        assert reply["model"] == "tiny-llama"
+        assert reply["usage"]["completion_tokens"] >= 1
+
+        # demo-batch's key is used by the load generator alone.
+        batch = get_json(opener, f"{base}/api/tenants/?name=demo-batch")["results"][0]
+
+        def load_records() -> list[dict[str, Any]]:
+            url = f"{base}/api/records/?tenant={batch['id']}&status=ok"
+            return list(get_json(opener, url)["results"])
+
+        records = eventually(load_records, 90, "record from the load generator")
+        assert records[0]["model_name"] == "tiny-qwen2" and records[0]["stream"]
+        assert records[0]["ttft_ms"] > 0
+
+        node = get_json(opener, f"{base}/api/nodes/?name=demo")["results"][0]
+        assert node["status"] == "healthy", node
+        state = get_json(opener, f"{base}/api/nodes/{node['id']}/state/")["state"]
+        owners = state["arena"]["pages_by_owner"]
+        assert {"weights:tiny-llama", "weights:tiny-qwen2", "free"} <= set(owners)
+        assert sum(owners.values()) == state["arena"]["num_pages"]
+        assert {n: m["sharing"] for n, m in state["models"].items()} == {
+            "tiny-llama": "temporal",
+            "tiny-qwen2": "spatial",
+        }
     finally:
-        proc.send_signal(signal.SIGINT)
-        output, _ = proc.communicate(timeout=30)
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=90)
     assert proc.returncode == 0, output
+    assert not [pid for pid in children if alive(pid)], output
     assert "admin user: admin  password: from SHUNTER_ADMIN_PASSWORD" in output
-    assert (tmp_path / "var" / "shunter.sqlite3").exists()
+    assert f"console: {base}/console/" in output
+    assert "Traceback" not in output and "Unclosed" not in output, output
+    assert (var / "shunter.sqlite3").exists()
+    config = json.loads((var / "models" / "tiny-llama" / "config.json").read_text())
+    assert config["num_hidden_layers"] == DEMO_LAYERS
 
 
-def test_demo_generates_a_password_once(clean_env: dict[str, str]) -> None:
+def test_demo_no_serve_prepares_and_keeps_keys(clean_env: dict[str, str], tmp_path: Path) -> None:
     command = [str(VENV_BIN / "shunter"), "demo", "--no-serve"]
-    first = subprocess.run(
-        command, cwd=REPO, env=clean_env, capture_output=True, text=True, timeout=120
-    )
-    assert first.returncode == 0, first.stderr
+
+    def run() -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            command, cwd=REPO, env=clean_env, capture_output=True, text=True, timeout=180
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done
+
+    first = run()
     match = re.search(r"admin user: admin  password: (\S+)  \(shown once\)", first.stdout)
     assert match, first.stdout
-    second = subprocess.run(
-        command, cwd=REPO, env=clean_env, capture_output=True, text=True, timeout=120
-    )
-    assert second.returncode == 0, second.stderr
+    keys_file = tmp_path / "var" / "demo" / "keys.json"
+    assert stat.S_IMODE(keys_file.stat().st_mode) == 0o600
+    keys = json.loads(keys_file.read_text())
+    assert {t: k["model"] for t, k in keys.items()} == {
+        "demo-chat": "tiny-llama",
+        "demo-batch": "tiny-qwen2",
+    }
+    assert all(k["key"].startswith("sk-shunter-") for k in keys.values())
+
+    second = run()
     assert match.group(1) not in second.stdout
     assert "exists; set SHUNTER_ADMIN_PASSWORD to reset it" in second.stdout
+    assert json.loads(keys_file.read_text()) == keys  # usable keys are kept
+
+    # A lost file cannot be recovered (only digests are stored): new keys replace them.
+    keys_file.unlink()
+    run()
+    renewed = json.loads(keys_file.read_text())
+    assert set(renewed) == set(keys)
+    assert all(renewed[t]["key"] != keys[t]["key"] for t in keys)

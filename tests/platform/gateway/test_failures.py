@@ -1,0 +1,119 @@
+"""Engines that fail: killed in the middle of a stream (the client gets a terminating
+error event, the record says error), or unreachable (503 within 2 s, no hang)."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import free_port
+from tests.platform.gateway.conftest import (
+    DB,
+    HTTPS,
+    Engine,
+    World,
+    bearer,
+    call,
+    wait_record,
+)
+
+pytestmark = [pytest.mark.slow, DB]
+
+
+@pytest.fixture
+def doomed_engine(model_dirs: dict[str, Path], tmp_path: Path) -> Iterator[Engine]:
+    engine = Engine({"llama-doomed": model_dirs["tiny-llama"]}, tmp_path / "engine.log")
+    yield engine
+    engine.stop()
+
+
+def test_an_engine_killed_mid_stream_ends_the_stream_with_an_error(
+    world: World, doomed_engine: Engine
+) -> None:
+    node = world.node("doomed-node", doomed_engine.url)
+    tenant = world.tenant(world.deployment(node, "llama-doomed"))
+    _, secret = world.key(tenant)
+    conn = http.client.HTTPConnection("127.0.0.1", world.gateway.port, timeout=60)
+    body = {
+        "model": "llama-doomed",
+        "messages": [{"role": "user", "content": "A long story, please."}],
+        "max_tokens": 1900,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    headers = {**HTTPS, **bearer(secret), "X-Request-Id": "killed-mid-stream"}
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), headers=headers)
+    reply = conn.getresponse()
+    assert reply.status == 200
+    # Random weights can emit tokens whose text is held back (part of a UTF-8 character):
+    # wait for two chunks that carry text, so the gateway has timed the first token.
+    texts = 0
+    while texts < 2:
+        line = reply.readline()
+        assert line.startswith(b"data: {")
+        reply.readline()
+        delta = json.loads(line[6:])["choices"][0]["delta"]
+        texts += bool(delta.get("content"))
+    doomed_engine.proc.send_signal(signal.SIGKILL)
+    events = [e for e in reply.read().split(b"\n\n") if e]
+    conn.close()
+    assert events[-1] == b"data: [DONE]"
+    error = json.loads(events[-2].removeprefix(b"data: "))["error"]
+    assert (error["code"], error["type"]) == ("engine_unavailable", "service_unavailable")
+    assert all("choices" in json.loads(e[6:]) for e in events[:-2])
+    record = wait_record("killed-mid-stream")
+    assert (record.status, record.error_type) == ("error", "engine_unavailable")
+    assert not record.ttft_met and not record.tbt_met
+    assert record.ttft_ms is not None and record.completion_tokens > 0
+    # The dead engine refuses connections: the next request fails fast.
+    started = time.monotonic()
+    r = call("POST", world.gateway.url + "/v1/chat/completions", body, headers=bearer(secret))
+    assert r.status == 503 and r.error["code"] == "engine_unavailable"
+    assert time.monotonic() - started < 2
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port whose accept queue is full: connection attempts get no answer at all."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    port = int(server.getsockname()[1])
+    fillers = []
+    for _ in range(3):
+        filler = socket.socket()
+        filler.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            filler.connect(("127.0.0.1", port))
+        fillers.append(filler)
+    yield port
+    for s in [*fillers, server]:
+        s.close()
+
+
+@pytest.mark.parametrize("listener", ["nothing", "silent"])
+def test_an_unreachable_engine_is_503_within_two_seconds(
+    world: World, listener: str, silent_port: int
+) -> None:
+    # Nothing listening refuses at once; a silent port runs into the connect timeout.
+    port = free_port() if listener == "nothing" else silent_port
+    engine_url = f"http://127.0.0.1:{port}"
+    node = world.node("unreachable-node", engine_url)
+    tenant = world.tenant(world.deployment(node, "ghost"))
+    _, secret = world.key(tenant)
+    body = {"model": "ghost", "prompt": "hi", "stream": True}
+    started = time.monotonic()
+    r = call("POST", world.gateway.url + "/v1/completions", body, headers=bearer(secret))
+    elapsed = time.monotonic() - started
+    assert r.status == 503 and elapsed < 2.0
+    assert (r.error["code"], r.error["type"]) == ("engine_unavailable", "service_unavailable")
+    record = wait_record(r.headers["x-request-id"])
+    assert (record.status, record.http_status) == ("error", 503)

@@ -1,0 +1,121 @@
+"""The gateway's route table: one read shared by the requests that wait for it, read
+again in the background while in use, and within its bound."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from shunter.engine.server.errors import ApiError
+from shunter.platform.gateway.routes import Route, RouteTable
+from shunter.tenants.auth import KeyGrant
+from shunter.tenants.quotas import Limits
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def route(deployment_id: int, model: str = "m", status: str = "healthy") -> Route:
+    return Route(
+        deployment_id=deployment_id,
+        model_name=model,
+        context_tokens=2048,
+        enabled=True,
+        node_name="n",
+        node_status=status,
+        engine_url="http://127.0.0.1:1",
+        engine_token="",
+        slo_header="class=standard,ttft_ms=5000,tbt_ms=100",
+    )
+
+
+def grant(*deployment_ids: int) -> KeyGrant:
+    return KeyGrant(
+        api_key_id=1,
+        key_prefix="sk-shunter-abcd",
+        tenant_id=1,
+        tenant_name="t",
+        tenant_active=True,
+        deployment_ids=frozenset(deployment_ids),
+        expires_at=None,
+        revoked=False,
+        limits=Limits(),
+    )
+
+
+class Rows:
+    """The deployments as the database holds them; ``gate`` holds each read."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.table = {"m": [route(1)]}
+        self.reads: list[float] = []
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def load(self) -> dict[str, list[Route]]:
+        self.reads.append(self.clock.now)
+        self.gate.wait(10)
+        return {name: list(routes) for name, routes in self.table.items()}
+
+
+async def test_requests_that_wait_for_the_table_share_one_read() -> None:
+    clock = Clock()
+    rows = Rows(clock)
+    routes = RouteTable(ttl_s=2.0, load=rows.load, clock=clock)
+    rows.gate.clear()
+    waiting = [asyncio.ensure_future(routes.choose(grant(1), "m")) for _ in range(8)]
+    await asyncio.sleep(0.1)
+    assert rows.reads == [1000.0] and not any(task.done() for task in waiting)
+    rows.gate.set()
+    assert {r.deployment_id for r in await asyncio.gather(*waiting)} == {1}
+    assert rows.reads == [1000.0]
+
+
+async def test_the_table_is_read_again_in_the_background_and_kept_within_its_bound() -> None:
+    clock = Clock()
+    rows = Rows(clock)
+    routes = RouteTable(ttl_s=2.0, load=rows.load, clock=clock)
+    assert (await routes.choose(grant(1), "m")).deployment_id == 1
+
+    # From half the bound on: answered at once from the table held, read again behind.
+    rows.gate.clear()
+    clock.now += 1.0
+    for _ in range(3):
+        chosen = await asyncio.wait_for(routes.choose(grant(1), "m"), timeout=1)
+        assert chosen.deployment_id == 1
+    for _ in range(50):  # the read starts on a database thread
+        if len(rows.reads) > 1:
+            break
+        await asyncio.sleep(0.1)
+    assert rows.reads == [1000.0, 1001.0]
+    rows.table["m"] = [route(1, status="unhealthy")]
+    rows.gate.set()
+    await asyncio.sleep(0.3)
+    with pytest.raises(ApiError) as e:  # the background read's table is in use
+        await routes.choose(grant(1), "m")
+    assert (e.value.status, e.value.code) == (503, "engine_unavailable")
+    assert rows.reads == [1000.0, 1001.0]
+
+    # Past the bound, a request waits for a new read.
+    rows.table["m"] = [route(1)]
+    rows.gate.clear()
+    clock.now += 2.5
+    waiting = asyncio.ensure_future(routes.choose(grant(1), "m"))
+    await asyncio.sleep(0.1)
+    assert not waiting.done() and rows.reads == [1000.0, 1001.0, 1003.5]
+    rows.gate.set()
+    assert (await waiting).deployment_id == 1
+
+    # A deployment the grant names but the table lacks is read at once.
+    rows.table["n"] = [route(2, model="n")]
+    clock.now += 0.3
+    assert (await routes.choose(grant(1, 2), "n")).deployment_id == 2
+    assert rows.reads == [1000.0, 1001.0, 1003.5, 1003.8]
