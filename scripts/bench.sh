@@ -17,3 +17,12 @@ echo "== executor (CPU, small-llama): engine vs transformers tokens/s; KV rotati
 
 echo "== server (CPU, tiny-llama): TTFT and ITL through the HTTP server vs in-process, 1 and 32 streams"
 "${VENV:-.venv}/bin/shunter" bench server
+
+echo "== executor remapping (CPU, small-llama): decode step with layers streamed vs none"
+"${VENV:-.venv}/bin/shunter" bench remap-exec
+
+echo "== gateway (CPU, tiny-llama): TTFT and ITL through the gateway vs straight to the engine"
+"${VENV:-.venv}/bin/shunter" bench gateway
+
+echo "== load generator: 200 req/s open loop against a local SSE fixture (64 tokens), send rate and timing error"
+"${VENV:-.venv}/bin/shunter" bench loadgen

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The README's demo command: the platform on the embedded default, served until Ctrl-C.
+# The README's demo command: the whole platform (engine, web, load generator) on the
+# embedded default, served until Ctrl-C (see docs/operations.md, "Demo").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}

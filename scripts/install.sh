@@ -14,6 +14,16 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$VENV/bin/pip" install --quiet --upgrade pip
 fi
 
+# The console's browser test drives the system Chromium (Debian's package, never a
+# downloaded browser); install it when missing and this user may. Without it that
+# test skips and says why.
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  echo "installing Debian's chromium and chromium-driver for the browser tests"
+  { apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1 ||
+    { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1; }; } ||
+    echo "chromium could not be installed: the browser tests will skip"
+fi
+
 stamp="$VENV/.shunter-installed"
 if [ -f "$stamp" ] && cmp -s pyproject.toml "$stamp" && "$VENV/bin/python" -c "import shunter.engine" 2>/dev/null; then
   exit 0

@@ -10,10 +10,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from django.test import Client
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
+
+# Without a CUDA device the kernel tests run Triton's kernels on CPU tensors through its
+# interpreter. Triton reads the variable when it is first imported, and some test
+# modules import it indirectly, so it is set here, before any test module is collected.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def free_port() -> int:
