@@ -1,7 +1,7 @@
 """Forwarding one admitted request to its engine, timing it as the client sees it, and
 accounting for it afterwards.
 
-Upstream: one aiohttp session per event loop, no pool limit, a 1.5 s connect timeout (an
+Upstream: one aiohttp session per event loop, no pool limit, a 1 s connect timeout (an
 unreachable engine is a 503 ``engine_unavailable`` within 2 s), and no cookie jar (an
 engine's cookie is no client's). Streams are relayed event
 by event as they arrive, never buffered; the engine is always asked for usage
@@ -46,7 +46,7 @@ from shunter.tenants.quotas import Admission, LoopLocal, quota_limiter
 
 log = logging.getLogger("shunter.gateway")
 
-CONNECT_TIMEOUT_S = 1.5
+CONNECT_TIMEOUT_S = 1.0
 DONE = b"data: [DONE]\n\n"
 
 

@@ -198,7 +198,10 @@ async def test_a_cancelled_run_stops_sending(server: tuple[Misbehaving, str]) ->
     with pytest.raises(asyncio.CancelledError):
         await run
     assert gc.get_freeze_count() == 0  # the collector sees everything again
-    await asyncio.sleep(0.3)
+    for _ in range(100):  # the server notices the closed connections
+        if server[0].in_flight == 0:
+            break
+        await asyncio.sleep(0.05)
     assert server[0].in_flight == 0
 
 

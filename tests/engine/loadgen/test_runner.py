@@ -40,9 +40,9 @@ def test_fixture_run_is_on_time_and_complete(sse_url: str, endpoint: str) -> Non
         assert r.output_tokens == r.expected_output_tokens == len(r.token_times)
         assert r.input_tokens == 16  # the fixture's usage counts prompt words
     # The fixture streams a token every 2 ms.
-    assert report.median_itl_ms is not None and 1.5 < report.median_itl_ms < 10
+    assert report.median_itl_ms is not None and 1.5 < report.median_itl_ms < 25
     assert report.total_output_tokens == sum(r.expected_output_tokens for r in result.requests)
-    assert report.send_lag_p50_ms is not None and report.send_lag_p50_ms < 10
+    assert report.send_lag_p50_ms is not None and report.send_lag_p50_ms < 25
     # The requests went out on their schedule, in order.
     scheduled = [r.t_scheduled for r in result.requests]
     assert scheduled == sorted(scheduled)

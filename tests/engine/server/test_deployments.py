@@ -38,8 +38,9 @@ def _long_stream(
     srv: ServerThread, *, max_tokens: int
 ) -> tuple[asyncio.AbstractEventLoop, asyncio.Task[bytes]]:
     """A streamed completion of ``max_tokens`` tokens (EOS ignored) from 'llama', on an
-    event loop of its own, 0.3 s under way: the loop and the task that reads the whole
-    stream."""
+    event loop of its own, run until its first chunk has arrived: the loop and the task
+    that reads the rest of the stream."""
+    started = asyncio.Event()
 
     async def read() -> bytes:
         body = {"model": "llama", "prompt": "hi", "max_tokens": max_tokens, "stream": True}
@@ -48,11 +49,13 @@ def _long_stream(
             aiohttp.ClientSession() as session,
             session.post(srv.url + "/v1/completions", json=body) as r,
         ):
-            return await r.read()
+            data = await r.content.readany()
+            started.set()
+            return data + await r.read()
 
     loop = asyncio.new_event_loop()
     task = loop.create_task(read())
-    loop.run_until_complete(asyncio.sleep(0.3))
+    loop.run_until_complete(asyncio.wait_for(started.wait(), timeout=60))
     return loop, task
 
 
