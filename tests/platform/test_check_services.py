@@ -13,7 +13,11 @@ def check(database_url: str, redis_url: str) -> subprocess.CompletedProcess[str]
     env = {**os.environ, "DATABASE_URL": database_url, "REDIS_URL": redis_url}
     return subprocess.run(
         [sys.executable, "scripts/check_services.py"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
