@@ -235,4 +235,6 @@ async def test_concurrent_misses_share_one_read_and_a_key_in_use_is_read_again_b
     with pytest.raises(ApiError) as e:
         await auth.authenticate(f"Bearer {secret}")
     assert refusal(e)[:2] == (401, "invalid_api_key") and "revoked" in e.value.message
-    assert loads == [1000.0, 1001.5]
+    # Answered from the cache: no read at 1003.1 was waited for (the second read's entry,
+    # now past half its bound, may be read again behind the answer).
+    assert loads[:2] == [1000.0, 1001.5] and len(loads) <= 3
