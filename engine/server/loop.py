@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import queue
 import threading
@@ -119,10 +120,16 @@ class EngineLoop:
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
 
         def run() -> None:
+            # ``fn`` runs even when the caller has given up (a command may change state);
+            # its outcome then has nobody to go to.
             try:
-                future.set_result(fn())
+                result = fn()
             except Exception as e:  # handed to the caller
-                future.set_exception(e)
+                with contextlib.suppress(concurrent.futures.InvalidStateError):
+                    future.set_exception(e)
+            else:
+                with contextlib.suppress(concurrent.futures.InvalidStateError):
+                    future.set_result(result)
 
         self._commands.put(run)
         return await asyncio.wrap_future(future)
@@ -150,7 +157,10 @@ class EngineLoop:
         except queue.Empty:
             return
         while True:
-            command()
+            try:
+                command()
+            except Exception:  # one command's failure must not stop the engine thread
+                log.exception("an engine command failed")
             try:
                 command = self._commands.get_nowait()
             except queue.Empty:
