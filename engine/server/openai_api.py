@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,7 +169,9 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
             raise bad_request(f"'{key}' must be a boolean.", key)
     gen = parse_chat(body, served) if chat else parse_completion(body, served)
     state.check_capacity(gen)
-    slo = slo_from_header(request.headers.get("X-Shunter-Slo"), state.slo_of(name))
+    slo = slo_from_header(
+        request.headers.get("X-Shunter-Slo"), state.slo_of(name), state.settings.slo_classes
+    )
     tenant = request.headers.get("X-Shunter-Tenant", "")
     call = _Call(chat, request[REQUEST_ID], served, extras, gen.params.logprobs is not None)
     loop = asyncio.get_running_loop()
@@ -291,26 +294,41 @@ async def _stream(
     return response
 
 
-def slo_from_header(value: str | None, default: SloSpec | None) -> SloSpec | None:
-    """``X-Shunter-Slo: class=NAME,ttft_ms=N,tbt_ms=N`` (from the gateway); fields left out
-    keep the model's default class."""
+SLO_FIELDS = {"ttft_ms": 1e-3, "tbt_ms": 1e-3, "alpha": 1.0, "beta_b": 1.0, "beta_f": 1.0}
+
+
+def slo_from_header(
+    value: str | None, default: SloSpec | None, classes: Mapping[str, SloSpec]
+) -> SloSpec | None:
+    """``X-Shunter-Slo: class=NAME,ttft_ms=N,tbt_ms=N,alpha=F,beta_b=F,beta_f=F`` (from
+    the gateway). A ``class`` the engine knows (``classes``) is the starting point, else
+    the model's ``default``; every field given then overrides it. 400 on a bad header."""
     if not value:
         return default
     fields: dict[str, str] = {}
     for part in value.replace(";", ",").split(","):
         key, sep, v = part.strip().partition("=")
-        if not sep or key not in ("class", "ttft_ms", "tbt_ms"):
+        if not sep or (key != "class" and key not in SLO_FIELDS):
             raise bad_request(
-                f"X-Shunter-Slo: expected class=NAME,ttft_ms=N,tbt_ms=N, got {value!r}."
+                "X-Shunter-Slo: expected class=NAME,ttft_ms=N,tbt_ms=N,alpha=F,beta_b=F,"
+                f"beta_f=F, got {value!r}."
             )
         fields[key] = v.strip()
-    base = default or DEFAULT_SLO
+    name = fields.pop("class", None)
+    base = classes.get(name) if name is not None else None
+    base = base or default or DEFAULT_SLO
     try:
+        numbers = {key: float(v) * SLO_FIELDS[key] for key, v in fields.items()}
+        if not all(math.isfinite(n) for n in numbers.values()):
+            raise ValueError(f"values must be finite, got {value!r}")
         return dataclasses.replace(
             base,
-            name=fields.get("class", base.name),
-            ttft_s=float(fields["ttft_ms"]) / 1000 if "ttft_ms" in fields else base.ttft_s,
-            tbt_s=float(fields["tbt_ms"]) / 1000 if "tbt_ms" in fields else base.tbt_s,
+            name=name or base.name,
+            ttft_s=numbers.get("ttft_ms", base.ttft_s),
+            tbt_s=numbers.get("tbt_ms", base.tbt_s),
+            alpha=numbers.get("alpha", base.alpha),
+            beta_b=numbers.get("beta_b", base.beta_b),
+            beta_f=numbers.get("beta_f", base.beta_f),
         )
     except ValueError as e:
         raise bad_request(f"X-Shunter-Slo: {e}.") from None

@@ -1,0 +1,49 @@
+"""``X-Shunter-Slo``: a known class is the starting point, every field given overrides it."""
+
+from __future__ import annotations
+
+import pytest
+
+from shunter.engine.config import SloSpec
+from shunter.engine.exec.serving import DEFAULT_SLO
+from shunter.engine.server.errors import ApiError
+from shunter.engine.server.openai_api import slo_from_header
+
+GOLD = SloSpec("gold", ttft_s=1.0, tbt_s=0.05, alpha=5.0, beta_b=0.2, beta_f=0.3)
+MODEL = SloSpec("model-default", ttft_s=4.0, tbt_s=0.2, alpha=2.0, beta_b=0.0, beta_f=0.5)
+CLASSES = {"gold": GOLD}
+
+
+def test_no_header_keeps_the_models_class() -> None:
+    assert slo_from_header(None, MODEL, CLASSES) is MODEL
+    assert slo_from_header("", None, CLASSES) is None
+
+
+def test_a_known_class_starts_from_its_weights() -> None:
+    assert slo_from_header("class=gold", MODEL, CLASSES) == GOLD
+    slo = slo_from_header("class=gold,ttft_ms=800", MODEL, CLASSES)
+    assert slo == SloSpec("gold", ttft_s=0.8, tbt_s=0.05, alpha=5.0, beta_b=0.2, beta_f=0.3)
+
+
+def test_an_unknown_class_starts_from_the_models_default() -> None:
+    slo = slo_from_header("class=bronze,tbt_ms=150", MODEL, CLASSES)
+    assert slo == SloSpec("bronze", ttft_s=4.0, tbt_s=0.15, alpha=2.0, beta_b=0.0, beta_f=0.5)
+    assert slo_from_header("tbt_ms=150", None, CLASSES) == SloSpec(
+        DEFAULT_SLO.name, ttft_s=DEFAULT_SLO.ttft_s, tbt_s=0.15
+    )
+
+
+def test_every_vlt_weight_given_is_applied() -> None:
+    header = "class=gold,ttft_ms=2000,tbt_ms=100,alpha=1.5,beta_b=0.25,beta_f=0.75"
+    slo = slo_from_header(header, MODEL, CLASSES)
+    assert slo == SloSpec("gold", ttft_s=2.0, tbt_s=0.1, alpha=1.5, beta_b=0.25, beta_f=0.75)
+
+
+@pytest.mark.parametrize(
+    "header",
+    ["bogus", "ttft_ms=fast", "tbt_ms=-5", "alpha=-1", "beta_f=x", "beta_b=nan", "gamma=1"],
+)
+def test_bad_values_are_a_400(header: str) -> None:
+    with pytest.raises(ApiError) as e:
+        slo_from_header(header, MODEL, CLASSES)
+    assert e.value.status == 400 and "X-Shunter-Slo" in e.value.body()["error"]["message"]
