@@ -2,10 +2,11 @@
 
 The body is the models part of the engine's settings (as in ``deploy/engine.toml``)::
 
-    {"models": [{"name", "path", "sharing", "priority", "slo"}], "slo_classes": {...}}
+    {"models": [{"name", "path", "sharing", "priority", "slo", "kv_floor", "kv_ceiling",
+                 "max_context"}], "slo_classes": {...}}
 
 Models whose name and directory stay are kept. When only their sharing mode, priority,
-SLO class or KV bounds change, the running scheduler takes them between two steps and
+SLO class, KV bounds or ``max_context`` change, the running scheduler takes them between two steps and
 nothing stops (live requests keep the SLO class they arrived with). When a model is added,
 removed or its directory changes, the engine is rebuilt with the desired set: admission
 stops, requests of removed or reloaded models end at once with an error chunk, the

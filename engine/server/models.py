@@ -32,8 +32,10 @@ SHARING_MODES = ("spatial", "temporal")
 @dataclass(frozen=True)
 class ModelArg:
     """One served model as configured: ``name``, directory, sharing mode, priority, the
-    SLO class of its requests (None: the engine's default) and its KV bounds in bytes
-    (``kv_floor`` kept for it alone; ``kv_ceiling`` None: unbounded)."""
+    SLO class of its requests (None: the engine's default), its KV bounds in bytes
+    (``kv_floor`` kept for it alone; ``kv_ceiling`` None: unbounded) and ``max_context``,
+    the most tokens (prompt plus output) a request may take (None: the model's own
+    context length; a larger value is cut to it)."""
 
     name: str
     path: Path
@@ -42,6 +44,7 @@ class ModelArg:
     slo: SloSpec | None = None
     kv_floor: int = 0
     kv_ceiling: int | None = None
+    max_context: int | None = None
 
     def __post_init__(self) -> None:
         if self.sharing not in SHARING_MODES:
@@ -51,6 +54,8 @@ class ModelArg:
             )
         if self.kv_floor < 0 or (self.kv_ceiling is not None and self.kv_ceiling < self.kv_floor):
             raise ValueError(f"model {self.name!r}: need 0 <= kv_floor <= kv_ceiling")
+        if self.max_context is not None and self.max_context < 1:
+            raise ValueError(f"model {self.name!r}: max_context must be a positive token count")
 
 
 def parse_model_arg(value: str) -> ModelArg:
@@ -66,8 +71,8 @@ def parse_model_arg(value: str) -> ModelArg:
 
 @dataclass
 class ServedModel:
-    """A model as the HTTP layer sees it: tokenizer, chat template, context length, and
-    each token's bytes (``detok.token_bytes``) for log-probability reports."""
+    """A model as the HTTP layer sees it: tokenizer, chat template, context length (the
+    configured ``max_context`` within the model's own), and each token's bytes (``detok.token_bytes``) for log-probability reports."""
 
     arg: ModelArg
     spec: ModelSpec
@@ -82,7 +87,9 @@ class ServedModel:
 
     @property
     def max_context(self) -> int:
-        return self.spec.max_context
+        if self.arg.max_context is None:
+            return self.spec.max_context
+        return min(self.arg.max_context, self.spec.max_context)
 
     @property
     def vocab_size(self) -> int:

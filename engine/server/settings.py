@@ -29,7 +29,16 @@ TOP_KEYS = {
     "slo_classes",
     "models",
 }
-MODEL_KEYS = {"name", "path", "sharing", "priority", "slo", "kv_floor", "kv_ceiling"}
+MODEL_KEYS = {
+    "name",
+    "path",
+    "sharing",
+    "priority",
+    "slo",
+    "kv_floor",
+    "kv_ceiling",
+    "max_context",
+}
 SLO_KEYS = {"ttft_ms", "tbt_ms", "alpha", "beta_b", "beta_f"}
 
 
@@ -180,6 +189,7 @@ def _model(spec: Any, slos: dict[str, SloSpec], where: str) -> ModelArg:
             slo=None if slo is None else slos[slo],
             kv_floor=_bytes(spec, "kv_floor", where) or 0,
             kv_ceiling=_bytes(spec, "kv_ceiling", where),
+            max_context=_typed(spec, "max_context", int, where),
         )
     except (TypeError, ValueError) as e:
         raise SettingsError(f"{where}: {e}") from None

@@ -33,7 +33,8 @@ def _remapped_pages(memory: KVMemory, model: str, layers: list[int]) -> int:
 
 
 def engine_state(loop: EngineLoop, models: Mapping[str, ServedModel]) -> dict[str, Any]:
-    """Per model: sharing, whether it is active (spatial, or holding the turn), KV blocks,
+    """Per model: sharing, priority, KV bounds and ``max_context`` as configured (None
+    where unset), whether it is active (spatial, or holding the turn), KV blocks,
     weight pages resident and remapped layers, requests by state; the temporal turn; the
     arena's pages by owner; host swap use; rotations and bytes moved per direction; recent
     step times. Call it on the engine thread (``EngineLoop.call``)."""
@@ -45,13 +46,17 @@ def engine_state(loop: EngineLoop, models: Mapping[str, ServedModel]) -> dict[st
     owners = arena.counts()
     per_model = {}
     for name, q in scheduler.queues.items():
+        arg = models[name].arg
         remapped = remapped_layer_ids(memory, name)
         weight_pages = sum(
             n for o, n in owners.items() if o.kind is OwnerKind.WEIGHTS and o.model == name
         )
         per_model[name] = {
-            "sharing": models[name].arg.sharing,
-            "priority": models[name].arg.priority,
+            "sharing": arg.sharing,
+            "priority": arg.priority,
+            "kv_floor": arg.kv_floor,
+            "kv_ceiling": arg.kv_ceiling,
+            "max_context": arg.max_context,
             "active": tenancy.is_active(name),
             "kv_blocks_used": memory.blocks_used()[name],
             "kv_blocks_total": memory.num_total_blocks(name),

@@ -110,6 +110,42 @@ def test_reconfigure_in_place(srv: ServerThread, model_dirs: dict[str, Path]) ->
     assert _complete(srv, "llama") == 200
 
 
+def test_max_context_is_a_live_reconfigure(
+    srv: ServerThread, model_dirs: dict[str, Path]
+) -> None:
+    loop = srv.state.loop
+    own = srv.state.models["llama"].spec.max_context
+    state = request("GET", srv.url + "/admin/state").json()["models"]["llama"]
+    assert (state["kv_floor"], state["kv_ceiling"], state["max_context"]) == (0, None, None)
+    model = {
+        "name": "llama",
+        "path": str(model_dirs["tiny-llama"]),
+        "sharing": "temporal",
+        "max_context": 64,
+        "kv_ceiling": "1M",
+    }
+    r = _put(srv, {"models": [model]})
+    assert r.status_code == 200, r.text
+    assert r.json()["reconfigured"] == ["llama"] and not r.json()["rebuilt"]
+    assert srv.state.loop is loop
+    listed = request("GET", srv.url + "/v1/models").json()["data"]
+    assert [m["max_model_len"] for m in listed] == [64]
+    state = request("GET", srv.url + "/admin/state").json()["models"]["llama"]
+    assert (state["kv_floor"], state["kv_ceiling"], state["max_context"]) == (0, 1 << 20, 64)
+    body = json.dumps({"model": "llama", "prompt": [1] * 10, "max_tokens": 60}).encode()
+    r = request("POST", srv.url + "/v1/completions", body=body)
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == "max_tokens"
+    assert "maximum context length is 64 tokens" in error["message"] and "70" in error["message"]
+    assert _complete(srv, "llama") == 200
+    # Above the model's own context the model's own bound holds.
+    r = _put(srv, {"models": [{**model, "max_context": own * 2}]})
+    assert r.status_code == 200, r.text
+    listed = request("GET", srv.url + "/v1/models").json()["data"]
+    assert [m["max_model_len"] for m in listed] == [own]
+
+
 def test_bounds_a_live_request_cannot_fit_are_refused(
     srv: ServerThread, model_dirs: dict[str, Path]
 ) -> None:
@@ -145,6 +181,8 @@ def test_add_and_remove_models(srv: ServerThread, model_dirs: dict[str, Path]) -
         {"models": [{"name": "a", "path": "/nonexistent"}]},
         {"models": [{"name": "a"}]},
         {"models": [], "device": "cpu"},
+        {"models": [{"name": "a", "path": "/x", "max_context": 0}]},
+        {"models": [{"name": "a", "path": "/x", "max_context": "long"}]},
     ],
 )
 def test_bad_desired_sets_change_nothing(srv: ServerThread, body: Any) -> None:

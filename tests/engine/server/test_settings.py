@@ -47,6 +47,8 @@ def test_config_file_and_flags_combine(tmp_path: Path) -> None:
         ("this is not toml", "engine.toml"),
         ('hbm_budget = "lots"\n[[models]]\nname = "a"\npath = "/a"\n', "hbm_budget"),
         ("", "no models"),
+        ('[[models]]\nname = "a"\npath = "/a"\nmax_context = 0\n', "max_context"),
+        ('[[models]]\nname = "a"\npath = "/a"\nmax_context = "8k"\n', "max_context"),
     ],
 )
 def test_bad_config_files(tmp_path: Path, text: str, message: str) -> None:
