@@ -160,7 +160,7 @@ def step_times_figure(steps: Sequence[tuple[int, float]]) -> Figure:
 def latency_histogram_figure(
     title: str, samples: Mapping[str, Sequence[float]], unit: str = "ms"
 ) -> Figure:
-    """Overlaid histograms, one per deployment (its served name)."""
+    """Overlaid histograms, one per key of ``samples`` (a deployment's label)."""
     data = [
         {"type": "histogram", "name": name, "x": list(values), "opacity": 0.65}
         for name, values in samples.items()

@@ -369,20 +369,24 @@ def tenant_latency_samples(
     tenant: Tenant, now: datetime | None = None
 ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """TTFT and TPOT samples (ms) of the tenant's successful requests of the last hour,
-    per served model, newest first up to ``HISTOGRAM_MAX_SAMPLES``. One query."""
+    per deployment (labelled ``model @ node``; a record whose deployment is gone, under
+    its model name), newest first up to ``HISTOGRAM_MAX_SAMPLES``. One query."""
     now = now or timezone.now()
     ttft: dict[str, list[float]] = {}
     tpot: dict[str, list[float]] = {}
     rows = (
         RequestRecord.objects.restrict(tenant)
         .filter(t_arrival__gte=now - HISTOGRAM_SPAN, status=RequestRecord.Status.OK)
-        .values_list("model_name", "ttft_ms", "tpot_ms")[:HISTOGRAM_MAX_SAMPLES]
+        .values_list(
+            "model_name", "deployment__model__name", "deployment__node__name", "ttft_ms", "tpot_ms"
+        )[:HISTOGRAM_MAX_SAMPLES]
     )
-    for model_name, ttft_ms, tpot_ms in rows:
+    for model_name, deployment_model, node_name, ttft_ms, tpot_ms in rows:
+        label = f"{deployment_model} @ {node_name}" if deployment_model else model_name
         if ttft_ms is not None:
-            ttft.setdefault(model_name, []).append(round(ttft_ms, 3))
+            ttft.setdefault(label, []).append(round(ttft_ms, 3))
         if tpot_ms is not None:
-            tpot.setdefault(model_name, []).append(round(tpot_ms, 3))
+            tpot.setdefault(label, []).append(round(tpot_ms, 3))
     return ttft, tpot
 
 

@@ -12,7 +12,7 @@ from shunter.console import selectors
 from shunter.platform.models import SloClass
 from shunter.tenants.models import RequestRecord
 from tests.console.test_views import record
-from tests.tenants.factories import make_deployment, make_tenant, slo
+from tests.tenants.factories import make_deployment, make_node, make_tenant, slo
 
 pytestmark = pytest.mark.django_db
 
@@ -136,14 +136,22 @@ def test_quota_usage_against_each_limit() -> None:
     assert usage["Concurrent requests"]["used"] is None
 
 
-def test_latency_samples_per_model_and_recent_requests() -> None:
-    a, b = make_deployment(), make_deployment()
+def test_latency_samples_per_deployment_and_recent_requests(
+    django_assert_num_queries: Any,
+) -> None:
+    # The same model on two nodes: two deployments, two histograms.
+    a = make_deployment(node=make_node(name="node-a"))
+    b = make_deployment(node=make_node(name="node-b"), model=a.model)
     tenant = make_tenant(a, b)
     record(tenant, a, ttft_ms=120.0, tpot_ms=12.0)
     record(tenant, b, ttft_ms=80.0, tpot_ms=8.0)
     record(tenant, b, status="error", http_status=502, ttft_ms=None, tpot_ms=None)
-    ttft, tpot = selectors.tenant_latency_samples(tenant)
-    assert ttft == {a.model.name: [120.0], b.model.name: [80.0]}
-    assert tpot == {a.model.name: [12.0], b.model.name: [8.0]}
+    # A record whose deployment is gone stays under its model name.
+    record(tenant, None, model_name="retired", ttft_ms=50.0, tpot_ms=5.0)
+    with django_assert_num_queries(1):
+        ttft, tpot = selectors.tenant_latency_samples(tenant)
+    model = a.model.name
+    assert ttft == {f"{model} @ node-a": [120.0], f"{model} @ node-b": [80.0], "retired": [50.0]}
+    assert tpot == {f"{model} @ node-a": [12.0], f"{model} @ node-b": [8.0], "retired": [5.0]}
     recent = selectors.tenant_recent_requests(tenant)
-    assert len(recent) == 3 and recent[0]["status"] == RequestRecord.Status.ERROR
+    assert len(recent) == 4 and recent[1]["status"] == RequestRecord.Status.ERROR
