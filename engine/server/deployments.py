@@ -6,13 +6,13 @@ The body is the models part of the engine's settings (as in ``deploy/engine.toml
                  "max_context"}], "slo_classes": {...}}
 
 Models whose name and directory stay are kept. When only their sharing mode, priority,
-SLO class, KV bounds or ``max_context`` change, the running scheduler takes them between two steps and
-nothing stops (live requests keep the SLO class they arrived with). When a model is added,
-removed or its directory changes, the engine is rebuilt with the desired set: admission
-stops, requests of removed or reloaded models end at once with an error chunk, the
-others get the grace period to finish (the rest end with an error chunk), then the new
-engine starts. A desired set that cannot be served (a missing directory, a config that
-does not fit) is refused with 400 before anything stops.
+SLO class, KV bounds or ``max_context`` change, the running scheduler takes them between
+two steps and nothing stops (live requests keep the SLO class they arrived with). When
+a model is added, removed or its directory changes, the engine is rebuilt with the
+desired set: admission stops, requests of removed or reloaded models end at once with an
+error chunk, the others get the grace period to finish (the rest end with an error
+chunk), then the new engine starts. A desired set that cannot be served (a missing
+directory, a config that does not fit) is refused with 400 before anything stops.
 """
 
 from __future__ import annotations

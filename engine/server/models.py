@@ -72,7 +72,8 @@ def parse_model_arg(value: str) -> ModelArg:
 @dataclass
 class ServedModel:
     """A model as the HTTP layer sees it: tokenizer, chat template, context length (the
-    configured ``max_context`` within the model's own), and each token's bytes (``detok.token_bytes``) for log-probability reports."""
+    configured ``max_context`` within the model's own), and each token's bytes
+    (``detok.token_bytes``) for log-probability reports."""
 
     arg: ModelArg
     spec: ModelSpec
