@@ -88,8 +88,12 @@ class SloClass(models.Model):
         )
 
     def header(self) -> str:
-        """This class as the gateway tells the engine (``X-Shunter-Slo``)."""
-        return f"class={self.name},ttft_ms={self.ttft_ms},tbt_ms={self.tbt_ms}"
+        """This class as the gateway tells the engine (``X-Shunter-Slo``): its targets
+        and VLT weights, the floats in general form to 12 digits (``0.5``, ``3``)."""
+        return (
+            f"class={self.name},ttft_ms={self.ttft_ms},tbt_ms={self.tbt_ms},"
+            f"alpha={self.alpha:.12g},beta_b={self.beta_b:.12g},beta_f={self.beta_f:.12g}"
+        )
 
     def engine_table(self) -> dict[str, float]:
         """This class as the engine's settings spell it (``slo_classes.<name>``)."""
@@ -241,13 +245,27 @@ class Deployment(models.Model):
         return self.max_context or self.model.context_length
 
     def engine_entry(self) -> dict[str, Any]:
-        """This deployment as a model entry of the engine's ``PUT /admin/deployments``."""
-        return {
+        """This deployment as a model entry of the engine's ``PUT /admin/deployments``:
+        the KV bounds (bytes) and the longest context (tokens) only when they are set."""
+        entry: dict[str, Any] = {
             "name": self.model.name,
             "path": self.model.source_dir,
             "sharing": self.sharing,
             "priority": self.priority,
             "slo": self.slo_class.name,
+        }
+        for key, value in self.engine_limits().items():
+            if value is not None:
+                entry[key] = value
+        return entry
+
+    def engine_limits(self) -> dict[str, int | None]:
+        """The limits as the engine names them (``/admin/state`` reports the same keys,
+        null when unset)."""
+        return {
+            "kv_floor": self.kv_floor_bytes,
+            "kv_ceiling": self.kv_ceiling_bytes,
+            "max_context": self.max_context,
         }
 
 

@@ -465,16 +465,55 @@ class Polled:
     reconciled: Reconciled | None = None
 
 
-def served_set(state: dict[str, Any]) -> dict[str, tuple[str, int]]:
-    """Model name -> (sharing, priority) as an engine's ``/admin/state`` reports them."""
+# The deployment limits an engine reports per model (Deployment.engine_limits' keys).
+LIMIT_KEYS = ("kv_floor", "kv_ceiling", "max_context")
+
+
+def served_set(state: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Model name -> what an engine's ``/admin/state`` reports of it: ``sharing``,
+    ``priority``, and those of ``kv_floor``, ``kv_ceiling``, ``max_context`` it reports
+    (null when unset; a key it does not report is left out)."""
     models = state.get("models")
     if not isinstance(models, dict):
         return {}
+    served: dict[str, dict[str, Any]] = {}
+    for name, info in models.items():
+        if not isinstance(info, dict):
+            continue
+        entry = {"sharing": str(info.get("sharing")), "priority": _as_int(info.get("priority", 0))}
+        for key in LIMIT_KEYS:
+            if key in info:
+                entry[key] = _as_int(info[key])
+        served[str(name)] = entry
+    return served
+
+
+def _as_int(value: Any) -> Any:
+    """An integer as reported (JSON may give 5.0); anything else as is, so it differs."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def desired_set(deployments: Sequence[Deployment]) -> dict[str, dict[str, Any]]:
+    """Model name -> what the engine should report of it (``served_set``'s shape, with
+    every limit key)."""
     return {
-        str(name): (str(info.get("sharing")), int(info.get("priority", 0)))
-        for name, info in models.items()
-        if isinstance(info, dict)
+        d.model.name: {"sharing": d.sharing, "priority": d.priority, **d.engine_limits()}
+        for d in deployments
     }
+
+
+def drifted(served: dict[str, dict[str, Any]], desired: dict[str, dict[str, Any]]) -> bool:
+    """Whether an engine serves another set than desired: other names, or a model whose
+    reported values differ (a key the engine does not report is no drift)."""
+    if served.keys() != desired.keys():
+        return True
+    return any(
+        value != desired[name].get(key)
+        for name, reported in served.items()
+        for key, value in reported.items()
+    )
 
 
 def node_poll(*, node: Node) -> Polled:
@@ -482,7 +521,8 @@ def node_poll(*, node: Node) -> Polled:
 
     Updates status, last_seen, the cached state and the engine's start time. When the
     engine restarted (its start time changed) or serves another set than the desired one
-    (names, sharing modes, priorities), it is reconciled at once; one reconcile per node
+    (names, sharing modes, priorities, and the KV bounds and longest context it reports),
+    it is reconciled at once; one reconcile per node
     runs at a time.
     """
     client = engine_client(node)
@@ -499,11 +539,9 @@ def node_poll(*, node: Node) -> Polled:
     data = listed.get("data") or []
     started = data[0].get("created") if data and isinstance(data[0], dict) else None
     started = int(started) if isinstance(started, int | float) else None
-    desired = {
-        d.model.name: (d.sharing, d.priority) for d in selectors.node_desired_deployments(node=node)
-    }
+    desired = desired_set(selectors.node_desired_deployments(node=node))
     restarted = node.engine_started is not None and started != node.engine_started
-    drifted = bool(desired) and served_set(state) != desired
+    drift = bool(desired) and drifted(served_set(state), desired)
     now = timezone.now()
     fields = {
         "status": Node.Status.HEALTHY,
@@ -518,11 +556,11 @@ def node_poll(*, node: Node) -> Polled:
     for field, value in fields.items():
         setattr(node, field, value)
     reconciled = None
-    if restarted or drifted:
+    if restarted or drift:
         lock = f"shunter:node-reconcile:{node.pk}"
         if cache.add(lock, 1, timeout=180):
             try:
                 reconciled = node_reconcile(node=node)
             finally:
                 cache.delete(lock)
-    return Polled(healthy=True, restarted=restarted, drifted=drifted, reconciled=reconciled)
+    return Polled(healthy=True, restarted=restarted, drifted=drift, reconciled=reconciled)

@@ -30,11 +30,11 @@ def test_the_tenants_slo_class_goes_to_the_engine_else_the_deployments() -> None
     (route,) = load_routes()[deployment.model.name]
     grant = load_grant(secret)
     assert grant is not None
-    assert slo_header(grant, route) == "class=interactive,ttft_ms=1000,tbt_ms=50"
+    assert slo_header(grant, route) == slo("interactive").header()
     tenant_update(tenant=tenant, default_slo_class=None)
     grant = load_grant(secret)
     assert grant is not None
-    assert slo_header(grant, route) == "class=standard,ttft_ms=5000,tbt_ms=100"
+    assert slo_header(grant, route) == slo("standard").header()
 
 
 @pytest.fixture
