@@ -103,12 +103,23 @@ class Remapper:
         decision = self.controller.plan(states, pressure, run_next)
         # A take-back under way goes on to its target unless the controller now wants
         # something else for that model: frames half vacated are memory nobody uses.
-        targets = self._pending | decision.targets
+        targets = decision.targets | {
+            m: t for m, t in self._pending.items() if m not in decision.targets
+        }
         self._pending = {}
         vacating: set[tuple[str, int]] = set()
-        for state in states:
-            target = targets.get(state.name)
-            if target is not None and target != state.alpha:
+        by_name = {state.name: state for state in states}
+        # Restores first, the model most likely to run next first: its frames are freed
+        # of KV, and its layers loaded, before the others'. Reclaims keep the
+        # controller's order.
+        rank = {name: i for i, name in enumerate(run_next)}
+        order = sorted(
+            targets,
+            key=lambda m: (0, rank.get(m, len(rank))) if targets[m] < by_name[m].alpha else (1, 0),
+        )
+        for model in order:
+            state, target = by_name[model], targets[model]
+            if target != state.alpha:
                 self._apply(plan, state, target, vacating)
         for model, frame in sorted(self._vacating - vacating):  # sorted: not hash order
             if frame in self.maps[model].reclaimed:  # not taken back after all
