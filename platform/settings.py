@@ -231,6 +231,9 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TIMEZONE = TIME_ZONE
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
+# Benchmark runs last minutes: a queue of their own, so polls never wait behind them
+# (eager mode, without a broker, has no queues).
+CELERY_TASK_ROUTES = {"shunter.platform.benchmark_run": {"queue": "benchmarks"}}
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 
 # The admin REST API: staff by session (browser) or by token (scripts).

@@ -1,7 +1,7 @@
 """``shunter generate`` and ``shunter bench executor``.
 
-Only argparse at import time: torch and the models load when a command runs, so
-``shunter --help`` stays fast.
+Only argparse and pure engine logic at import time: torch and the models load when a
+command runs, so ``shunter --help`` stays fast.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from shunter.engine.exec.forced_remap import EVERY_LAYER
 
 _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -184,16 +186,18 @@ def add_generate_parser(sub: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument(
         "--force-remap",
+        nargs="?",
+        const=EVERY_LAYER,
         type=_count,
         metavar="N",
-        help="remap N layers of every model (at most its layers less 2) whatever the "
-        "pressure; implies --remap",
+        help="remap N layers of every model whatever the pressure (without N: all it can), "
+        "at most its layers less 2, so a 2-layer model lends none; implies --remap",
     )
     p.add_argument(
         "--force-remap-inactive",
         action="store_true",
         help="with --force-remap: only models not executing (temporal models without "
-        "the turn) lend their N layers",
+        "the turn) lend their layers",
     )
     p.add_argument(
         "--json",
@@ -212,6 +216,8 @@ def cmd_generate(ns: argparse.Namespace) -> int:
     except GenerateError as e:
         print(f"shunter generate: error: {e}", file=sys.stderr)
         return 2
+    for warning in result.warnings:
+        print(f"shunter generate: warning: {warning}", file=sys.stderr)
     for line in (format_json if ns.json else format_text)(result):
         print(line)
     return 0

@@ -1,4 +1,4 @@
-"""Forced remapping (``shunter generate --force-remap N``): lend layers without pressure.
+"""Forced remapping (``shunter generate --force-remap [N]``): lend layers without pressure.
 
 A controller wrapper, pure logic, the remapping analogue of ``ForcedRotation``: it makes
 parameter remapping happen whatever the memory pressure, so that a short run streams
@@ -8,6 +8,7 @@ shows in the tokens.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 
 from shunter.engine.config import RemapConfig
@@ -18,14 +19,23 @@ from shunter.engine.remap.controller import (
     RemapDecision,
 )
 
+EVERY_LAYER = sys.maxsize
+"""A forced count that makes every model lend all it can (a bare ``--force-remap``)."""
+
+
+def forced_layers(num_layers: int, layers: int) -> int:
+    """The layers a model of ``num_layers`` lends when ``layers`` are forced: never more
+    than ``num_layers - 2``, so that its layout still has a slot and a resident layer
+    whatever the timings say. A model of two layers lends none."""
+    return max(0, min(layers, num_layers - 2))
+
 
 class ForcedRemap(RemapController):
     """The decisions of a controller with ``inner``'s knobs, with at least ``layers``
     layers lent by every model (with ``inactive_only``: by every inactive model)
     whatever the pressure and timings.
 
-    A model never lends more than ``num_layers - 2``: the layout then still has a slot
-    and a resident layer whatever the timings say. ``layers`` may change between steps;
+    A model lends ``forced_layers(num_layers, layers)``. ``layers`` may change between steps;
     lowering it lets the controller restore layers (dynamic reversion).
     """
 
@@ -43,7 +53,7 @@ class ForcedRemap(RemapController):
         """The layers ``m`` must lend now."""
         if self.inactive_only and m.active:
             return 0
-        return max(0, min(self.layers, m.num_layers - 2))
+        return forced_layers(m.num_layers, self.layers)
 
     def cap(self, m: ModelState) -> int:
         # So that the inner controller neither trims a forced model nor counts on

@@ -13,7 +13,7 @@ import argparse
 import dataclasses
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ import torch
 from tokenizers import Tokenizer
 
 from shunter.engine.config import ModelSpec
+from shunter.engine.exec.forced_remap import forced_layers
 from shunter.engine.exec.generate_input import (
     GenerateError,
     GenerateRequest,
@@ -51,10 +52,12 @@ class GenerateOptions:
 
 @dataclass
 class GenerateResult:
-    """One object per request, in input order, and the run's summary."""
+    """One object per request, in input order, the run's summary, and what the run
+    could not do as asked (``warnings``, for the user)."""
 
     outputs: list[dict[str, Any]]
     summary: dict[str, int]
+    warnings: list[str] = field(default_factory=list)
 
 
 def run_generate(requests: Sequence[GenerateRequest], options: GenerateOptions) -> GenerateResult:
@@ -111,7 +114,19 @@ def run_generate(requests: Sequence[GenerateRequest], options: GenerateOptions) 
         "layers_restored": totals.layers_restored,
         "steps": totals.steps,
     }
-    return GenerateResult(outputs, summary)
+    return GenerateResult(outputs, summary, _remap_warnings(specs, options.force_remap))
+
+
+def _remap_warnings(specs: Sequence[ModelSpec], force_remap: int | None) -> list[str]:
+    """One line per model that forced remapping asks for layers it cannot lend."""
+    if not force_remap:
+        return []
+    return [
+        f"--force-remap: model {spec.name!r} lends no layer: it has {spec.num_layers} "
+        f"layers and a model lends at most its layers less 2"
+        for spec in specs
+        if forced_layers(spec.num_layers, force_remap) == 0
+    ]
 
 
 def _model_specs(models: Mapping[str, Path]) -> tuple[ModelSpec, ...]:
@@ -170,9 +185,10 @@ def format_text(result: GenerateResult) -> list[str]:
 
 
 def format_json(result: GenerateResult) -> list[str]:
-    """One JSON object per request, in input order, then ``{"summary": ...}``."""
+    """One JSON object per request, in input order, then ``{"summary": ...}`` (the
+    counters and the list of warnings)."""
     lines = [json.dumps(out, ensure_ascii=False) for out in result.outputs]
-    lines.append(json.dumps({"summary": result.summary}))
+    lines.append(json.dumps({"summary": {**result.summary, "warnings": result.warnings}}))
     return lines
 
 

@@ -24,7 +24,9 @@ def shunter_subcommands() -> set[str]:
 
 
 def test_expected_services_exist() -> None:
-    assert {"postgres", "redis", "web", "worker", "beat", "engine"} <= set(SERVICES)
+    assert {"postgres", "redis", "web", "worker", "benchmark-worker", "beat", "engine"} <= set(
+        SERVICES
+    )
 
 
 @pytest.mark.parametrize("name", sorted(n for n in SERVICES if n not in {"postgres", "redis"}))
@@ -50,7 +52,7 @@ def test_engine_command_and_config_parse() -> None:
     assert {m.sharing for m in settings.models} == {"spatial", "temporal"}
 
 
-@pytest.mark.parametrize("name", ["web", "worker", "beat", "migrate"])
+@pytest.mark.parametrize("name", ["web", "worker", "benchmark-worker", "beat", "migrate"])
 def test_django_services_get_their_environment(name: str) -> None:
     env = SERVICES[name]["environment"]
     assert set(env) >= DJANGO_ENV
@@ -58,6 +60,29 @@ def test_django_services_get_their_environment(name: str) -> None:
     assert env["DATABASE_URL"].startswith("postgres://")
     assert "@postgres:5432/" in env["DATABASE_URL"]
     assert env["REDIS_URL"] == "redis://redis:6379/0"
+
+
+def queues(service: str) -> list[str]:
+    command = SERVICES[service]["command"]
+    assert command[:2] == ["shunter", "worker"], command
+    return str(command[command.index("--queues") + 1]).split(",")
+
+
+def test_benchmark_runs_have_a_worker_of_their_own_and_polls_never_wait_behind_them() -> None:
+    from shunter.platform import tasks
+    from shunter.platform.celery import app
+
+    conf = app.conf
+    routed = {
+        name: app.amqp.router.route({}, name)["queue"].name
+        for name in (tasks.benchmark_run_task.name, tasks.node_poll_task.name)
+    }
+    assert routed[tasks.benchmark_run_task.name] == "benchmarks"
+    assert routed[tasks.node_poll_task.name] == conf.task_default_queue
+    assert queues("worker") == [conf.task_default_queue]
+    assert queues("benchmark-worker") == ["benchmarks"]
+    # The web server serves the per-request CSVs the benchmark worker writes.
+    assert set(SERVICES["web"]["volumes"]) & set(SERVICES["benchmark-worker"]["volumes"])
 
 
 def test_engine_reserves_a_gpu_and_gets_its_token() -> None:
@@ -79,5 +104,5 @@ def test_every_long_running_service_has_a_health_check_and_data_is_in_volumes() 
 
 def test_one_dockerfile_builds_every_app_service() -> None:
     assert (REPO / "Dockerfile").exists()
-    for name in ("web", "worker", "beat", "migrate", "engine"):
+    for name in ("web", "worker", "benchmark-worker", "beat", "migrate", "engine"):
         assert SERVICES[name]["build"] == "."

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shunter.engine.config import RemapConfig
-from shunter.engine.exec.forced_remap import ForcedRemap
+from shunter.engine.exec.forced_remap import EVERY_LAYER, ForcedRemap, forced_layers
 from shunter.engine.remap.controller import ModelState, Pressure, RemapController
 
 CALM = Pressure(demand=0, free=1 << 30)  # no deficit, a surplus far above any headroom
@@ -39,6 +39,13 @@ def test_every_model_lends_the_forced_layers_without_pressure_or_room_in_its_tim
     )
     # c keeps two of its three layers.
     assert forced(2).plan(models, CALM, []).targets == {"a": 2, "b": 2, "c": 1}
+
+
+def test_every_layer_means_all_but_two_and_two_layers_lend_none() -> None:
+    assert [forced_layers(n, EVERY_LAYER) for n in (1, 2, 3, 8)] == [0, 0, 1, 6]
+    assert forced_layers(8, 3) == 3
+    models = [state("a"), state("b", layers=2), state("c", layers=5, active=False)]
+    assert forced(EVERY_LAYER).plan(models, CALM, []).targets == {"a": 6, "c": 3}
 
 
 def test_only_inactive_models_lend_when_asked() -> None:

@@ -11,7 +11,9 @@ import torch
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from shunter.engine.exec.forced_remap import EVERY_LAYER
 from shunter.engine.exec.generate import GenerateResult, generate_from_args
+from shunter.engine.exec.model_init import init_model_dir, preset_config
 from shunter.engine.exec.serving import model_specs
 from shunter.engine.exec.sizing import BLOCK_TOKENS, page_bytes_for, weight_bytes
 from shunter.platform.cli import build_parser, main
@@ -81,7 +83,9 @@ def test_greedy_tokens_equal_transformers_generate(
         "layers_streamed",
         "layers_restored",
         "steps",
+        "warnings",
     }
+    assert summary["summary"]["warnings"] == []  # type: ignore[index]
 
 
 def test_text_prompts_are_tokenized_by_each_model(
@@ -185,6 +189,58 @@ def test_text_output_lists_tokens_text_and_summary(
     assert out[0].startswith("[0] tiny-llama: ")  # named after its directory
     assert out[1].startswith("    output_ids: ") and out[2].startswith("    text: ")
     assert out[-1].startswith("summary: rotations 0, ")
+
+
+@pytest.fixture(scope="module")
+def four_layers(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny model that can lend two of its four layers."""
+    config = preset_config("tiny-llama") | {"num_hidden_layers": 4}
+    return init_model_dir(tmp_path_factory.mktemp("deep") / "deep", config=config, seed=1)
+
+
+def test_a_bare_force_remap_lends_every_layer_it_can(four_layers: Path) -> None:
+    args = ["--model", str(four_layers), "--prompt-ids", "5,6,7,8", "--max-tokens", "5"]
+    assert build_parser().parse_args(["generate", *args, "--force-remap"]).force_remap == (
+        EVERY_LAYER
+    )
+    plain = generate([*args, "--greedy"])
+    forced = generate([*args, "--greedy", "--force-remap"])
+    assert forced.outputs == plain.outputs
+    assert forced.summary["remapped_layers_max"] == 2  # four layers less two
+    assert forced.summary["layers_streamed"] > 0
+    assert forced.warnings == []
+
+
+def test_force_remap_under_a_budget_remaps_without_the_remap_flag(four_layers: Path) -> None:
+    base = ["--model", str(four_layers), "--prompt-ids", "5,6,7,8", "--max-tokens", "5"]
+    plain = generate([*base, "--greedy"])
+    specs = model_specs({"deep": four_layers})
+    page = page_bytes_for(specs, BLOCK_TOKENS)
+    budget = weight_bytes(specs, page) + 2 * page
+    tight = generate([*base, "--greedy", "--hbm-budget", str(budget), "--force-remap", "1"])
+    assert tight.outputs == plain.outputs
+    assert tight.summary["remapped_layers_max"] == 1
+    assert tight.summary["layers_streamed"] > 0
+
+
+def test_force_remap_says_when_a_model_has_no_layer_to_lend(
+    tiny_dirs: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [*model_args(tiny_dirs), "--prompt-ids", "5,6,7", "--max-tokens", "3", "--greedy"]
+    *_, summary = run_json([*args, "--force-remap"], capsys)
+    counts = summary["summary"]
+    assert isinstance(counts, dict)
+    assert counts["remapped_layers_max"] == 0
+    warnings = counts["warnings"]
+    assert warnings == [
+        f"--force-remap: model {name!r} lends no layer: it has 2 layers and a model lends "
+        "at most its layers less 2"
+        for name in MODELS
+    ]
+    assert main(["generate", *args, "--force-remap", "1"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [f"shunter generate: warning: {w}" for w in warnings]
+    assert captured.out.splitlines()[-1].startswith("summary: ")
 
 
 ERRORS = [
