@@ -59,7 +59,16 @@ def benchmark_run_task(self: Any, run_key: str) -> dict[str, Any]:
 
 @app.task(name=benchmarks.FIRE_TASK, bind=True)  # type: ignore[untyped-decorator]
 def benchmark_job_fire_task(self: Any, job_id: int) -> dict[str, Any]:
-    """Beat's entry for a scheduled job: start a run on the queue this came from."""
+    """Beat's entry for a scheduled job: start a run on the benchmark queue, or on the
+    queue this came from if an operator gave the schedule one."""
     queue = (self.request.delivery_info or {}).get("routing_key") or None
+    if queue == app.conf.task_default_queue:
+        queue = None  # the run's own route
     run = benchmarks.benchmark_job_fire(job_id=job_id, queue=queue)
     return {"job": job_id, "run": run.pk if run is not None else None}
+
+
+@app.task(name="shunter.platform.benchmark_runs_reap")  # type: ignore[untyped-decorator]
+def benchmark_runs_reap_task() -> list[int]:
+    """Fail the benchmark runs that no worker executes any longer (beat runs this)."""
+    return benchmarks.benchmark_runs_reap()

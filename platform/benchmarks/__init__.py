@@ -15,7 +15,12 @@ results as it finishes, writes the per-request CSV under the var directory, and
 releases the lock. A run whose target is busy stays queued: the task retries it later.
 ``benchmark_run_cancel`` stops a queued run at once and a running one within
 ``STOP_POLL_S`` (the load generator is cancelled; the simulator between simulations);
-``BenchmarkJob.timeout_s`` bounds a run the same way.
+``BenchmarkJob.timeout_s`` bounds a run the same way. A run holds its target lock under
+its own key, so a running run without it has no worker (it stopped): cancel ends it at
+once, and ``benchmark_runs_reap`` (beat, every minute, and each time its job fires)
+fails the runs queued or running past ``timeout_s`` plus ``LOCK_MARGIN_S`` whose lock
+is gone. Runs go to the ``benchmarks`` queue; without a broker (eager mode) a run
+executes on a thread of the process that started it.
 
 A job's schedule is a django-celery-beat ``PeriodicTask`` (``benchmark-job:<id>``) that
 the job services create, change and delete with the job; beat fires
@@ -36,6 +41,7 @@ from shunter.platform.benchmarks.runs import (
     benchmark_job_fire,
     benchmark_run_cancel,
     benchmark_run_start,
+    benchmark_runs_reap,
 )
 from shunter.platform.benchmarks.stopwatch import STOP_POLL_S, Stopped
 from shunter.platform.benchmarks.targets import (
@@ -68,6 +74,7 @@ __all__ = [
     "benchmark_run_cancel",
     "benchmark_run_execute",
     "benchmark_run_start",
+    "benchmark_runs_reap",
     "csv_path",
     "job_config",
     "job_slo",

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +46,7 @@ def benchmark_run_execute(*, key: str) -> Executed:
         return Executed("missing")
     if run.status != Status.QUEUED:
         return Executed(run.status, run.pk)
-    token = uuid.uuid4().hex
+    token = str(run.key)  # the lock names its holder (see ``runs.benchmark_runs_reap``)
     if not lock_acquire(run.lock_key, token, run.job.timeout_s + LOCK_MARGIN_S):
         waited = (timezone.now() - run.created_at).total_seconds()
         if waited < LOCK_WAIT_S:
