@@ -20,6 +20,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.core.cache import cache
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import ProtectedError
 from django.utils import timezone
 
 from shunter.engine.config import ModelSpec, RemapConfig
@@ -379,9 +380,21 @@ def deployment_update(*, deployment: Deployment, **fields: Any) -> Deployment:
     return _save_deployment(deployment, {before, deployment.node})
 
 
+class DeploymentInUse(ProtectedError):
+    """A deployment that has usage history cannot be deleted (the API answers 409)."""
+
+
 @transaction.atomic
 def deployment_delete(*, deployment: Deployment) -> None:
-    """Stop serving a deployment (its records keep their numbers, without the link)."""
+    """Stop serving a deployment that has no usage history. One with history is refused
+    (DeploymentInUse): its per-minute usage would go with it; disable it instead."""
+    rollups = list(deployment.rollups.all()[:1])
+    if rollups:
+        raise DeploymentInUse(
+            f"{deployment} has usage history; disable it (enabled=false) instead of "
+            "deleting it, so that the history stays.",
+            set(rollups),
+        )
     node_id = deployment.node_id
     deployment.delete()
     _reconcile_on_commit(node_id)

@@ -101,7 +101,10 @@ class ApiKey(models.Model):
 
 class RequestRecord(models.Model):
     """One request through the gateway: who, what, when, how many tokens, its latency
-    (milliseconds) and whether it met its SLO class's TTFT and TBT targets."""
+    (milliseconds) and whether it met its SLO class's TTFT and TBT targets.
+
+    ``tpot_ms`` and ``tbt_met`` are None when the gateway cannot see the gaps between
+    tokens: a non-streamed response shows all of them at once. Unknown is not met."""
 
     class Endpoint(models.TextChoices):
         CHAT = "chat"
@@ -132,7 +135,7 @@ class RequestRecord(models.Model):
     tpot_ms = models.FloatField(null=True, blank=True)
     max_itl_ms = models.FloatField(null=True, blank=True)
     ttft_met = models.BooleanField(default=False)
-    tbt_met = models.BooleanField(default=False)
+    tbt_met = models.BooleanField(null=True, blank=True, default=False)
     status = models.CharField(max_length=16, choices=Status.choices)
     error_type = models.CharField(max_length=64, blank=True, default="")
     http_status = models.PositiveSmallIntegerField(default=200)
@@ -149,11 +152,16 @@ class RequestRecord(models.Model):
 
 class UsageRollup(models.Model):
     """Per minute (of arrival), tenant and deployment: request and error counts, tokens,
-    SLO hits, and sums of TTFT and TPOT in milliseconds (over requests that had one)."""
+    SLO hits (a TBT that is unknown is no hit), sums of TTFT and TPOT in milliseconds
+    (over requests that had one) and the number of requests with a TPOT.
+
+    A deployment with rollups cannot be deleted (its usage history would go with it, and
+    rows of one tenant and minute on several deployments would become indistinct):
+    disable it instead."""
 
     minute = models.DateTimeField()
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="rollups")
-    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="rollups")
+    deployment = models.ForeignKey(Deployment, on_delete=models.PROTECT, related_name="rollups")
     requests = models.PositiveIntegerField(default=0)
     errors = models.PositiveIntegerField(default=0)
     prompt_tokens = models.PositiveBigIntegerField(default=0)
@@ -163,6 +171,7 @@ class UsageRollup(models.Model):
     both_met = models.PositiveIntegerField(default=0)
     sum_ttft_ms = models.FloatField(default=0.0)
     sum_tpot_ms = models.FloatField(default=0.0)
+    tpot_requests = models.PositiveIntegerField(default=0)
 
     objects = TenantQuerySet.as_manager()
 

@@ -57,8 +57,8 @@ def request_record_list(
 class UsageRow:
     """Totals of one tenant on one deployment over a time range, from the rollups.
 
-    Attainments are shares of all requests (errors count as misses); mean TTFT and TPOT
-    are per successful request (None without one)."""
+    Attainments are shares of all requests (errors and unknown TBTs count as misses); mean
+    TTFT is per successful request, mean TPOT per request that had one (None without)."""
 
     tenant_id: int
     tenant: str
@@ -107,6 +107,7 @@ def usage_summary(
         "both_met",
         "sum_ttft_ms",
         "sum_tpot_ms",
+        "tpot_requests",
     ]
     grouped = (
         rollups.values(
@@ -134,6 +135,7 @@ def _usage_row(g: dict[str, Any]) -> UsageRow:
         return int(g[f"total_{name}"] or 0) / n if n else 0.0
 
     ok = n - int(g["total_errors"] or 0)
+    timed = int(g["total_tpot_requests"] or 0)
     return UsageRow(
         tenant_id=g["tenant_id"],
         tenant=g["tenant__name"],
@@ -149,5 +151,5 @@ def _usage_row(g: dict[str, Any]) -> UsageRow:
         tbt_attainment=share("tbt_met"),
         both_attainment=share("both_met"),
         mean_ttft_ms=float(g["total_sum_ttft_ms"]) / ok if ok else None,
-        mean_tpot_ms=float(g["total_sum_tpot_ms"]) / ok if ok else None,
+        mean_tpot_ms=float(g["total_sum_tpot_ms"]) / timed if timed else None,
     )

@@ -210,16 +210,19 @@ def slo_flags(
     ttft_ms: float | None,
     tpot_ms: float | None,
     completion_tokens: int,
-) -> tuple[bool, bool]:
+) -> tuple[bool, bool | None]:
     """(TTFT met, TBT met) of one request under ``slo``. Failed and aborted requests miss
     both, as does a request without a class; a response of at most one token has no gaps
-    and meets TBT."""
+    and meets TBT; one of more tokens without a TPOT (a non-streamed response, whose
+    gaps the gateway cannot see) has an unknown TBT: None, which no count takes as met."""
     if status != RequestRecord.Status.OK or slo is None:
         return False, False
     ttft_met = ttft_ms is not None and ttft_ms <= slo.ttft_ms
     if completion_tokens <= 1:
         return ttft_met, True
-    return ttft_met, tpot_ms is not None and tpot_ms <= slo.tbt_ms
+    if tpot_ms is None:
+        return ttft_met, None
+    return ttft_met, tpot_ms <= slo.tbt_ms
 
 
 @transaction.atomic
@@ -290,16 +293,19 @@ def _rollup_add(record: RequestRecord, deployment: Deployment) -> None:
     """Add ``record`` to its rollup row with F() increments; the row is created on first
     use (a concurrent creator wins the insert and this call increments its row)."""
     minute = record.t_arrival.replace(second=0, microsecond=0)
+    tbt_met = record.tbt_met is True  # unknown is not met
+    timed = int(record.tpot_ms is not None)
     increments = {
         "requests": F("requests") + 1,
         "errors": F("errors") + int(record.status != RequestRecord.Status.OK),
         "prompt_tokens": F("prompt_tokens") + record.prompt_tokens,
         "completion_tokens": F("completion_tokens") + record.completion_tokens,
         "ttft_met": F("ttft_met") + int(record.ttft_met),
-        "tbt_met": F("tbt_met") + int(record.tbt_met),
-        "both_met": F("both_met") + int(record.ttft_met and record.tbt_met),
+        "tbt_met": F("tbt_met") + int(tbt_met),
+        "both_met": F("both_met") + int(record.ttft_met and tbt_met),
         "sum_ttft_ms": F("sum_ttft_ms") + (record.ttft_ms or 0.0),
         "sum_tpot_ms": F("sum_tpot_ms") + (record.tpot_ms or 0.0),
+        "tpot_requests": F("tpot_requests") + timed,
     }
     row = UsageRollup.objects.filter(
         minute=minute, tenant_id=record.tenant_id, deployment_id=deployment.pk
@@ -317,10 +323,11 @@ def _rollup_add(record: RequestRecord, deployment: Deployment) -> None:
                 prompt_tokens=record.prompt_tokens,
                 completion_tokens=record.completion_tokens,
                 ttft_met=int(record.ttft_met),
-                tbt_met=int(record.tbt_met),
-                both_met=int(record.ttft_met and record.tbt_met),
+                tbt_met=int(tbt_met),
+                both_met=int(record.ttft_met and tbt_met),
                 sum_ttft_ms=record.ttft_ms or 0.0,
                 sum_tpot_ms=record.tpot_ms or 0.0,
+                tpot_requests=timed,
             )
     except IntegrityError:
         row.update(**increments)

@@ -19,6 +19,8 @@ from rest_framework import exceptions, serializers, status, viewsets
 from rest_framework.response import Response
 from rest_framework.schemas.inspectors import ViewInspector
 
+from shunter.platform.services import DeploymentInUse
+
 TENANT_PARAMETER = OpenApiParameter(
     "tenant",
     OpenApiTypes.INT,
@@ -72,6 +74,8 @@ def as_api_error(exc: Exception) -> Exception:
         if isinstance(detail, list):
             detail = {"non_field_errors": detail}
         return exceptions.ValidationError(detail)
+    if isinstance(exc, DeploymentInUse):
+        return Conflict(exc.args[0])
     if isinstance(exc, ProtectedError):
         names = sorted({str(obj) for obj in exc.protected_objects})[:5]
         return Conflict(f"Still in use by: {', '.join(names)}.")

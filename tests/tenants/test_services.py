@@ -8,10 +8,14 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.core.exceptions import ValidationError
 from django.db import connection
+from django.db.models import ProtectedError
 from django.utils import timezone
 
+from shunter.platform.models import Deployment
+from shunter.platform.services import DeploymentInUse, deployment_delete
 from shunter.tenants.keys import looks_like_secret, secret_digest
 from shunter.tenants.models import ApiKey, RequestRecord, UsageRollup
+from shunter.tenants.selectors import usage_summary
 from shunter.tenants.services import (
     api_key_create,
     api_key_revoke,
@@ -176,10 +180,12 @@ def record(**overrides: object) -> RequestRecord:
         ),
         ({"status": "aborted"}, (False, False)),
         ({"ttft_ms": None, "completion_tokens": 0, "tpot_ms": None}, (False, True)),
+        # Non-streamed: the gateway sees no gaps between tokens, so TBT is unknown.
+        ({"stream": False, "tpot_ms": None, "max_itl_ms": None}, (True, None)),
     ],
 )
 def test_slo_flags_follow_the_deployments_class_for_a_tenant_without_one(
-    overrides: dict[str, object], flags: tuple[bool, bool]
+    overrides: dict[str, object], flags: tuple[bool, bool | None]
 ) -> None:
     deployment = make_deployment(slo_class=slo("standard"))
     tenant = make_tenant(deployment, slo_name=None)
@@ -246,8 +252,38 @@ def test_rollup_adds_each_record_of_the_minute() -> None:
     assert (first.prompt_tokens, first.completion_tokens) == (15, 12)
     assert (first.ttft_met, first.tbt_met, first.both_met) == (1, 2, 1)
     assert first.sum_ttft_ms == pytest.approx(6200.0)
-    assert first.sum_tpot_ms == pytest.approx(150.0)
+    assert first.sum_tpot_ms == pytest.approx(150.0) and first.tpot_requests == 2
     assert rows[1].requests == 1
+
+
+def test_an_unknown_tbt_counts_as_no_hit_and_no_tpot() -> None:
+    deployment = make_deployment()
+    tenant = make_tenant(deployment)
+    record(tenant=tenant, deployment=deployment, tpot_ms=60.0)  # both met
+    unknown = record(tenant=tenant, deployment=deployment, request_id="r2", tpot_ms=None)
+    assert (unknown.ttft_met, unknown.tbt_met) == (True, None)
+    rollup = UsageRollup.objects.get()
+    assert (rollup.requests, rollup.ttft_met, rollup.tbt_met, rollup.both_met) == (2, 2, 1, 1)
+    (row,) = usage_summary(tenant=tenant)
+    assert (row.ttft_attainment, row.tbt_attainment, row.both_attainment) == (1.0, 0.5, 0.5)
+    # The mean TPOT is over the request that had one, not diluted by the unknown one.
+    assert row.mean_tpot_ms == pytest.approx(60.0) and row.mean_ttft_ms == pytest.approx(200.0)
+
+
+def test_a_deployment_with_usage_history_cannot_be_deleted() -> None:
+    used, unused = make_deployment(), make_deployment()
+    tenant = make_tenant(used, unused)
+    rec = record(tenant=tenant, deployment=used)
+    with pytest.raises(DeploymentInUse, match="has usage history; disable it"):
+        deployment_delete(deployment=used)
+    # Nor can its node be, which would take the deployment with it.
+    with pytest.raises(ProtectedError):
+        used.node.delete()
+    assert UsageRollup.objects.filter(deployment=used).count() == 1
+    deployment_delete(deployment=unused)
+    assert not Deployment.objects.filter(pk=unused.pk).exists()
+    rec.refresh_from_db()
+    assert rec.deployment_id == used.pk
 
 
 def test_bad_record_fields_are_refused_and_nothing_is_written() -> None:

@@ -7,9 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
 from shunter.engine.exec.model_init import preset_config
 from shunter.platform.models import Node
+from shunter.tenants.models import UsageRollup
 from tests.platform.api.crud import CrudTests, HttpsApiClient, staff_client
 from tests.tenants.factories import GIB, make_deployment, make_model, make_node, make_tenant, slo
 
@@ -126,6 +128,17 @@ class TestDeployments(CrudTests):
         response = api.post(self.url(), body, format="json")
         assert response.status_code == 400
         assert "do not fit its HBM" in json.dumps(response.json())
+
+    def test_one_with_usage_history_is_a_409_not_deleted(self, api: HttpsApiClient) -> None:
+        d = make_deployment()
+        tenant = make_tenant(d)
+        UsageRollup.objects.create(minute=timezone.now(), tenant=tenant, deployment=d)
+        response = api.delete(self.url(d.pk))
+        assert response.status_code == 409
+        assert "has usage history; disable it" in response.json()["detail"]
+        assert api.delete(f"/api/nodes/{d.node_id}/").status_code == 409
+        assert api.patch(self.url(d.pk), {"enabled": False}, format="json").status_code == 200
+        assert UsageRollup.objects.filter(deployment=d).exists()
 
     def test_tenant_filter_lists_only_what_the_tenant_may_use(self, api: HttpsApiClient) -> None:
         a, b = make_deployment(), make_deployment()
