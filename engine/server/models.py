@@ -96,8 +96,10 @@ class ServedModel:
     def vocab_size(self) -> int:
         return self.spec.vocab_size
 
-    def encode(self, text: str) -> list[int]:
-        ids: list[int] = self.tokenizer.encode(text).ids
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """``text``'s token ids; ``add_special_tokens`` as the tokenizer's post-processor
+        says (a BOS, for Llama-style tokenizers)."""
+        ids: list[int] = self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
         return ids
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:

@@ -55,7 +55,7 @@ class ServedModelInfo(Protocol):
     @property
     def vocab_size(self) -> int: ...
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]: ...
 
     def render_chat(self, messages: list[dict[str, str]]) -> str: ...
 
@@ -110,7 +110,9 @@ def parse_chat(body: dict[str, Any], info: ServedModelInfo) -> GenerationRequest
         text = info.render_chat(messages)
     except ValueError as e:
         raise bad_request(str(e), "messages") from None
-    prompt = _prompt_ids(text, info)
+    # The template writes its own special tokens (a BOS among them): adding the
+    # tokenizer's would double them, as Hugging Face's apply_chat_template avoids.
+    prompt = _prompt_ids(text, info, add_special_tokens=False)
     max_tokens = _int(body, "max_completion_tokens", 1, None, None)
     if max_tokens is None:
         max_tokens = _int(body, "max_tokens", 1, None, None)
@@ -270,8 +272,13 @@ def _prompt_list(prompt: Any) -> list[str | list[int]]:
     )
 
 
-def _prompt_ids(prompt: str | list[int], info: ServedModelInfo) -> list[int]:
-    ids = info.encode(prompt) if isinstance(prompt, str) else list(prompt)
+def _prompt_ids(
+    prompt: str | list[int], info: ServedModelInfo, *, add_special_tokens: bool = True
+) -> list[int]:
+    if isinstance(prompt, str):
+        ids = info.encode(prompt, add_special_tokens=add_special_tokens)
+    else:
+        ids = list(prompt)
     if not ids:
         raise bad_request("The prompt has no tokens.", "prompt")
     if min(ids) < 0 or max(ids) >= info.vocab_size:

@@ -34,3 +34,37 @@ def test_chat_template_from_the_model_or_chatml(
     assert (
         default.render_chat(messages) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     )
+
+
+def test_chat_prompts_keep_the_templates_bos_alone(
+    model_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    import json
+    import shutil
+
+    from shunter.engine.exec.hf_config import model_spec_from_config, read_config
+    from shunter.engine.server.models import ModelArg, load_served_model
+    from shunter.engine.server.protocol import parse_chat, parse_completion
+
+    source = model_dirs["tiny-llama"]  # its tokenizer adds a BOS
+    llama3 = tmp_path / "llama3"
+    shutil.copytree(source, llama3)
+    config = json.loads((llama3 / "tokenizer_config.json").read_text())
+    config["chat_template"] = (
+        "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
+    )
+    (llama3 / "tokenizer_config.json").write_text(json.dumps(config))
+    spec = model_spec_from_config(read_config(source), "m")
+    served = load_served_model(ModelArg("m", llama3), spec)
+    bos = served.tokenizer.token_to_id(config["bos_token"])
+    assert served.encode("hi")[0] == bos
+
+    chat = parse_chat(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}, served
+    )
+    prompt = chat.prompts[0]
+    assert prompt[0] == bos and prompt.count(bos) == 1
+    assert prompt == [bos, *served.encode("[user]hi", add_special_tokens=False)]
+    # Completions keep the tokenizer's default: one BOS before the text.
+    completion = parse_completion({"model": "m", "prompt": "hi", "max_tokens": 1}, served)
+    assert completion.prompts[0] == [bos, *served.encode("hi", add_special_tokens=False)]
