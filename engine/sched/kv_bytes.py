@@ -50,9 +50,9 @@ class KvBytes:
         one, and the blocks of the waiting and rotary requests the free running slots
         could admit, earliest arrivals first) against the free KV: what they may
         allocate now plus the free blocks other models hold, which compaction moves to
-        them (free pages come first in every capacity order). With ``rotates`` (LVF),
-        rotation may free the KV of running requests whose memory they can use, within
-        B_xfer."""
+        them (free pages come first in every capacity order). With ``rotates`` (LVF, with
+        rotation in the capacity order), rotation may free the KV of running requests
+        whose memory they can use, within B_xfer."""
         memory, bb, bt = self.memory, self.block_bytes, self.memory.block_tokens
         slots = max(0, self.config.max_running - num_running)
         demand = 0

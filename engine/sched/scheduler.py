@@ -49,7 +49,10 @@ class Scheduler:
          class, costs in bytes; running requests of models that do not execute are
          preemption candidates too when their model holds KV beyond its floor, memory
          the others can use); the other policies decide per model, like separate
-         serving instances, and their admissions merge by arrival.
+         serving instances, and their admissions merge by arrival. Without
+         ``"rotation"`` in the capacity order LVF rotates nothing by choice: its
+         transfer budget is 0, so it admits by VLT within the free KV and preempts
+         nobody (passive preemption still frees blocks a decode lacks).
       5. Batch: decodes, then prefill chunks of running requests, within
          ``max_batch_tokens``.
       6. Admissions in the decision's order: waiting requests get blocks and a first
@@ -66,6 +69,9 @@ class Scheduler:
     ``t_run`` is the current step until it joins, so it runs before it can rotate
     again. Swap copies still in flight count against B_xfer, so rotation never plans
     more than the link moves.
+
+    ``num_passive_preemptions`` counts the preemptions decodes forced (step 3); every
+    other preemption is the policy's choice.
     """
 
     def __init__(
@@ -84,6 +90,9 @@ class Scheduler:
         self.queues = {spec.name: RequestQueues() for spec in config.models}
         self.requests: dict[str, Request] = {}
         self.kv = KvBytes(memory, self.queues, config.scheduler)
+        # Rotation is a source of memory only where the capacity order lists it.
+        self.rotates = policy.name == "lvf" and "rotation" in config.remap.capacity_order
+        self.num_passive_preemptions = 0
         self._released: list[str] = []
         self._joining: list[Request] = []
 
@@ -173,7 +182,7 @@ class Scheduler:
                 executing,
                 sitting_out,
                 num_running=self.num_running,
-                rotates=self.policy.name == "lvf",
+                rotates=self.rotates,
             )
             self.remapper.plan(
                 plan,
@@ -315,6 +324,7 @@ class Scheduler:
                 victim = max(q.running.values(), key=lambda v: v.t_arr)
                 short[model] = short.get(model, 0) + self.kv.of((victim,))[0]
                 self._preempt(victim, plan)
+                self.num_passive_preemptions += 1
                 incoming = memory.num_incoming_blocks(model)
                 if victim is r:
                     break
@@ -331,7 +341,7 @@ class Scheduler:
             # One decision over every executing model, in bytes: the policy only compares
             # costs with free memory and the budget, so any one unit serves.
             bb = self.kv.block_bytes
-            xfer = budget * max(bb[m] for m in executing) if executing else 0
+            xfer = budget * max(bb[m] for m in executing) if executing and self.rotates else 0
             decisions = [
                 self.policy.schedule(
                     PolicyInput(

@@ -6,12 +6,28 @@ import dataclasses
 
 import pytest
 
-from shunter.engine.config import ModelSpec, RotationConfig, TenantSpec
+from shunter.engine.config import (
+    CAPACITY_SOURCES,
+    ModelSpec,
+    RemapConfig,
+    RotationConfig,
+    TenantSpec,
+)
 from shunter.engine.core import EngineCore
+from shunter.engine.remap.timing import LayerTiming
 from shunter.engine.request import Request, RequestState
 from shunter.engine.sched.lvf import LvfPolicy
 from shunter.engine.sched.policy import Decision, PolicyInput
-from tests.engine.fakes import TINY, make_core, request, tiny_config
+from tests.engine.fakes import (
+    TINY,
+    Contents,
+    FakeExecutor,
+    FakeTransfers,
+    StepClock,
+    make_core,
+    request,
+    tiny_config,
+)
 
 NO_ROTATION = RotationConfig(eager=False)
 
@@ -345,3 +361,60 @@ def test_set_tenants_bounds_claims_from_now_on_and_refuses_bounds_a_request_cann
     while not core.is_idle():
         core.step()
     assert all(r.num_output_tokens == 40 for r in requests)
+
+
+def _c2_like(capacity_order: tuple[str, ...]) -> EngineCore:
+    """Two temporal tenants of unequal size (c2's shape) with remapping and LVF, their
+    requests arriving in alternating bursts, memory short throughout."""
+    models = (
+        dataclasses.replace(TINY, name="big", num_layers=8, num_kv_heads=4),
+        dataclasses.replace(TINY, name="small", num_layers=4),
+    )
+    config = tiny_config(
+        kv_blocks=12,
+        models=models,
+        tenants=tuple(TenantSpec(m.name, sharing="temporal") for m in models),
+        remap=RemapConfig(enabled=True, cap_fraction=0.5, capacity_order=capacity_order),
+        policy="lvf",
+        turn_quantum_s=0.02,
+    )
+    clock = StepClock()
+    transfers = FakeTransfers(1)
+    executor = FakeExecutor(clock, transfers)
+    timing = LayerTiming(t_transfer=1e-5, t_decode=0.01, t_prefill=0.05)
+    core = EngineCore(
+        config, executor, transfers, clock, timings=dict.fromkeys(("big", "small"), timing)
+    )
+    executor.contents = transfers.contents = Contents(config.block_tokens)
+    executor.memory = core.memory
+    arrivals = sorted(
+        (burst * 20 + i, request(f"{m}{burst}-{i}", 6 + i % 5, 10, model=m))
+        for burst, m in enumerate(["big", "small", "big", "small"])
+        for i in range(8)
+    )
+    requests = [r for _, r in arrivals]
+    step = 0
+    while arrivals or not core.is_idle():
+        assert step < 5000, "no progress"
+        while arrivals and arrivals[0][0] <= step:
+            r = arrivals.pop(0)[1]
+            r.t_arr = clock.now()
+            core.add_request(r)
+        core.step()
+        step += 1
+    assert all(r.num_output_tokens == r.max_output_tokens for r in requests)
+    return core
+
+
+def _chosen_preemptions(core: EngineCore) -> int:
+    plans = core.executor.plans  # type: ignore[attr-defined]
+    total = sum(len(p.preempted) for p in plans)
+    return total - core.scheduler.num_passive_preemptions
+
+
+def test_a_capacity_order_without_rotation_never_rotates_by_choice() -> None:
+    by_default = _chosen_preemptions(_c2_like(CAPACITY_SOURCES))
+    assert by_default > 0
+    assert _chosen_preemptions(_c2_like(("free", "inactive", "active"))) == 0
+    # Rotation after the active models' layers: those are lent first, rotation less.
+    assert _chosen_preemptions(_c2_like(("free", "inactive", "active", "rotation"))) < by_default
