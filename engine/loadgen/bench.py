@@ -114,7 +114,7 @@ def bench_loadgen(
     yield (
         f"sent {sent_rate:.1f} req/s (schedule's own rate {schedule_rate:.1f}, ratio "
         f"{sent_rate / schedule_rate:.3f}); completed {report.completed}/{num_requests} "
-        f"at {done_rate:.1f} req/s, failed {report.failed} {report.errors or ''}".rstrip()
+        f"at {done_rate:.1f} req/s, failed {report.failed} {report.error_counts or ''}".rstrip()
     )
     yield f"timing error (sent - scheduled) ms: {_quantiles(lags)}  (target p99 <= 5)"
     yield f"baseline: the dispatcher alone, same schedule and window, ms: {_quantiles(floor)}"

@@ -45,7 +45,9 @@ class RateReport:
     requests (failed ones miss); ``request_goodput`` is requests meeting both per second;
     ``itl_within_tbt`` the share of inter-token gaps <= the TPOT SLO. ``send_lag_*_ms``
     is the generator's own timing error (headers sent minus scheduled time), and
-    ``achieved_request_rate`` the rate at which requests actually went out.
+    ``achieved_request_rate`` the rate at which requests actually went out. ``errors``
+    is one string per request in schedule order, empty for a success (as vLLM writes
+    it); ``error_counts`` counts the failures by kind.
     """
 
     request_rate: float
@@ -83,7 +85,8 @@ class RateReport:
     tbt_attainment: float
     slo_attainment: float
     itl_within_tbt: float | None
-    errors: dict[str, int]
+    errors: list[str]
+    error_counts: dict[str, int]
     achieved_request_rate: float | None
     send_lag_p50_ms: float | None
     send_lag_p90_ms: float | None
@@ -160,7 +163,8 @@ def build_report(
         tbt_attainment=summary.tbt_attainment,
         slo_attainment=summary.slo_attainment,
         itl_within_tbt=summary.itl_within_tbt,
-        errors=dict(Counter(r.error_type or "unknown" for r in results if not r.success)),
+        errors=[_error(r) for r in results],
+        error_counts=dict(Counter(r.error_type or "unknown" for r in results if not r.success)),
         achieved_request_rate=(
             (len(sent) - 1) / (sent[-1] - sent[0]) if len(sent) > 1 and sent[-1] > sent[0] else None
         ),
@@ -169,6 +173,14 @@ def build_report(
         send_lag_p99_ms=_ms(percentile(lags, 99)),
         send_lag_max_ms=_ms(max(lags, default=None)),
     )
+
+
+def _error(result: RequestResult) -> str:
+    """A request's error as one string: empty for a success."""
+    if result.success:
+        return ""
+    kind = result.error_type or "unknown"
+    return f"{kind}: {result.error}" if result.error else kind
 
 
 def _fmt(value: float | None, spec: str = ".2f") -> str:
@@ -185,7 +197,7 @@ def format_report(report: RateReport) -> str:
         arrival = f"gamma, burstiness {report.burstiness:g}"
     rate = "inf" if math.isinf(report.request_rate) else f"{report.request_rate:g}"
     title = f" rate {rate} req/s ({arrival}) "
-    errors = ", ".join(f"{k}: {v}" for k, v in sorted(report.errors.items()))
+    errors = ", ".join(f"{k}: {v}" for k, v in sorted(report.error_counts.items()))
     rows: list[tuple[str, str]] = [
         ("Successful requests:", str(report.completed)),
         ("Failed requests:", str(report.failed) + (f"  ({errors})" if errors else "")),

@@ -372,7 +372,7 @@ def test_a_deployment_run_goes_through_the_gateway_as_the_benchmark_tenant(
     assert [r["request_rate"] for r in run.results] == [4.0, 8.0]
     for row in run.results:
         assert row["series"] == "llama on node-deployment-run (gateway)"
-        assert row["completed"] == 6 and row["failed"] == 0, row["errors"]
+        assert row["completed"] == 6 and row["failed"] == 0, row["error_counts"]
         assert row["total_output_tokens"] == 6 * 8
         assert 0 < row["mean_ttft_ms"] <= row["p99_ttft_ms"]
         assert row["slo_attainment"] == 1.0 and row["request_goodput"] > 0
@@ -388,7 +388,7 @@ def test_a_deployment_run_goes_through_the_gateway_as_the_benchmark_tenant(
     wait_for(lambda: run_status(again) in BenchmarkRun.FINISHED, 120, "the chat run", worker)
     assert again.status == "succeeded", again.error
     (row,) = again.results
-    assert row["completed"] == 6 and row["total_output_tokens"] == 6 * 8, row["errors"]
+    assert row["completed"] == 6 and row["total_output_tokens"] == 6 * 8, row["error_counts"]
     assert gateway_key(again, deployment, "chat", 6, gateway).tenant_id == key.tenant_id
     wait_database_quiet()
 

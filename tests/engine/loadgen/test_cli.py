@@ -47,6 +47,7 @@ def test_serve_writes_vllm_named_json_and_request_csv(sse_url: str, tmp_path: Pa
     assert first["request_rate"] == 20.0 and second["request_rate"] == "inf"
     assert first["burstiness"] == 2.0 and first["num_prompts"] == 15
     assert first["completed"] == 15 and first["failed"] == 0
+    assert first["errors"] == [""] * 15 and first["error_counts"] == {}  # vLLM's: per request
     assert first["ttft_slo_ms"] == 2000.0 and first["tpot_slo_ms"] == 50.0
     assert first["slo_attainment"] == 1.0
     assert first["request_goodput"] == pytest.approx(first["request_throughput"])

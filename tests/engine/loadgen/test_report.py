@@ -57,7 +57,8 @@ def test_report_fields_match_hand_computed_values(requests: list[RequestResult])
     r = build_report(requests, slo=SLO, request_rate=1.0, burstiness=1.0, max_concurrency=None)
     assert r.duration == pytest.approx(4.0)  # start of the run to the last request's end
     assert (r.num_prompts, r.completed, r.failed) == (4, 3, 1)
-    assert r.errors == {"server_error": 1}
+    assert r.error_counts == {"server_error": 1}
+    assert r.errors == ["", "", "", "server_error"]  # one per request, as vLLM writes
     assert r.total_input_tokens == 60  # succeeded requests only, as vLLM counts
     assert r.total_output_tokens == 8
     assert r.request_throughput == pytest.approx(3 / 4)
@@ -102,7 +103,7 @@ def test_failed_request_with_tokens_misses_and_is_left_out_of_latencies() -> Non
     cut = result(0, 0.0, [0.1, 0.15], success=False, error_type="incomplete_stream")
     ok = result(1, 0.0, [0.2, 0.3])
     r = build_report([cut, ok], slo=SLO, request_rate=2.0, burstiness=1.0, max_concurrency=None)
-    assert r.failed == 1 and r.errors == {"incomplete_stream": 1}
+    assert r.failed == 1 and r.error_counts == {"incomplete_stream": 1}
     assert r.mean_ttft_ms == pytest.approx(200)  # the failed request's 100 ms is not counted
     assert r.slo_attainment == pytest.approx(0.5)
     assert r.total_output_tokens == 2

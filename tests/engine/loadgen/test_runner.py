@@ -56,11 +56,13 @@ def test_fixture_refusals_count_as_failures(sse_url: str) -> None:
     wrong_key = run_rate(
         Target(sse_url, "fixture", api_key="nope"), synthetic("4", "4"), 100.0, num_requests=5
     )
-    assert wrong_key.report.failed == 5 and wrong_key.report.errors == {"invalid_api_key": 5}
+    assert wrong_key.report.failed == 5 and wrong_key.report.error_counts == {"invalid_api_key": 5}
     wrong_model = run_rate(
         Target(sse_url, "other", api_key="fx-key"), synthetic("4", "4"), 100.0, num_requests=3
     )
-    assert wrong_model.report.errors == {"model_not_found": 3}
+    assert wrong_model.report.error_counts == {"model_not_found": 3}
+    (error, *_) = wrong_model.report.errors
+    assert error.startswith("model_not_found: ") and len(wrong_model.report.errors) == 3
     assert wrong_model.report.slo_attainment == 0.0 and wrong_model.report.request_goodput == 0.0
     assert {r.status for r in wrong_model.requests} == {404}
 
@@ -90,7 +92,7 @@ def test_engine_completions_streamed(engine_url: str, tiny_llama: Path) -> None:
         target, workload, 20.0, num_requests=12, seed=1, slo=Slo(ttft_s=30.0, tpot_s=5.0)
     )
     report = result.report
-    assert (report.completed, report.failed) == (12, 0), report.errors
+    assert (report.completed, report.failed) == (12, 0), report.error_counts
     for r in result.requests:
         # ignore_eos: the engine produced exactly the requested tokens (its usage).
         assert r.output_tokens == r.expected_output_tokens
@@ -109,7 +111,7 @@ def test_engine_chat_with_sharegpt_and_a_trace(
     count = token_counter(tiny_llama)
     sharegpt = load_sharegpt(SAMPLE_SHAREGPT, count)
     result = run_rate(target, sharegpt, 10.0, num_requests=6, seed=2)
-    assert result.report.completed == 6, result.report.errors
+    assert result.report.completed == 6, result.report.error_counts
     expected = [s.output_len for s in sharegpt.draw(6, _seeded_after_arrivals(2, 6))]
     assert [r.output_tokens for r in result.requests] == expected
     # A tight TBT SLO on a CPU engine: TTFT met, TBT missed, both counted.
