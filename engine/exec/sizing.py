@@ -49,11 +49,38 @@ class KVNeed(NamedTuple):
     num_tokens: int
 
 
+def host_ram_bytes() -> int:
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def default_host_swap_bytes(specs: Sequence[ModelSpec], needs: Sequence[KVNeed]) -> int:
+    """Host swap space that holds every need's KV, within half the machine's memory over
+    all models (each model has a swap tensor of this size)."""
+    by_name = {spec.name: spec for spec in specs}
+    kv_bytes = sum(
+        -(-need.num_tokens // BLOCK_TOKENS) * by_name[need.model].block_bytes(BLOCK_TOKENS)
+        for need in needs
+    )
+    return min(kv_bytes, host_ram_bytes() // (2 * len(specs)))
+
+
+def check_host_budget(host_budget: int, num_models: int) -> None:
+    """GenerateError when a swap tensor of ``host_budget`` bytes per model exceeds RAM."""
+    ram = host_ram_bytes()
+    if host_budget * num_models > ram:
+        raise GenerateError(
+            f"--host-budget {host_budget} is too large: each of the {num_models} models "
+            f"keeps a host swap tensor of that size, {host_budget * num_models} bytes in "
+            f"all, and the host has {ram} bytes of memory"
+        )
+
+
 def serving_config(
     specs: tuple[ModelSpec, ...],
     needs: Sequence[KVNeed],
     *,
     hbm_budget: int | None = None,
+    host_swap_bytes: int | None = None,
     force_rotation: bool = False,
     remap: bool = False,
     check_integrity: bool = False,
@@ -63,8 +90,8 @@ def serving_config(
     Without ``hbm_budget`` the arena holds every request at full length (each model's
     equal share of the KV pages holds all of its requests); with it, the arena is that
     many bytes, and GenerateError says when the weights or a single request do not fit.
-    Host swap space holds every request's KV, within half the machine's memory per
-    model (each model has its own swap tensor).
+    Host swap space is ``host_swap_bytes`` (GenerateError when the models' swap tensors
+    would exceed RAM), by default ``default_host_swap_bytes`` of ``needs``.
 
     With ``remap`` the engine lends weight layers to the KV cache (Oneiros), but
     every request must still fit without them: how many layers a model can lend depends
@@ -73,18 +100,17 @@ def serving_config(
     page_bytes = page_bytes_for(specs, BLOCK_TOKENS)
     by_name = {spec.name: spec for spec in specs}
     blocks = [-(-need.num_tokens // BLOCK_TOKENS) for need in needs]
-    kv_bytes = sum(
-        n * by_name[need.model].block_bytes(BLOCK_TOKENS)
-        for need, n in zip(needs, blocks, strict=True)
-    )
-    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    host_swap_bytes = min(kv_bytes, ram // (2 * len(specs)))
+    if host_swap_bytes is None:
+        host_bytes = default_host_swap_bytes(specs, needs)
+    else:
+        check_host_budget(host_swap_bytes, len(specs))
+        host_bytes = host_swap_bytes
 
     def config(device_bytes: int) -> EngineConfig:
         return EngineConfig(
             models=specs,
             device_bytes=device_bytes,
-            host_swap_bytes=host_swap_bytes,
+            host_swap_bytes=host_bytes,
             page_bytes=page_bytes,
             block_tokens=BLOCK_TOKENS,
             rotation=FORCED_ROTATION if force_rotation else RotationConfig(),

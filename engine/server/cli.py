@@ -38,7 +38,18 @@ def add_engine_parser(sub: argparse._SubParsersAction[Any]) -> None:
         metavar="BYTES",
         help="arena bytes on the device: weights plus KV (e.g. 40G)",
     )
-    p.add_argument("--kv-tokens", type=int, help="KV tokens per model without --hbm-budget")
+    p.add_argument(
+        "--host-budget",
+        type=byte_count,
+        metavar="BYTES",
+        help="host memory for swapped-out KV, shared by the models (e.g. 64G; default: "
+        "--kv-tokens tokens of each model, within half the host's memory)",
+    )
+    p.add_argument(
+        "--kv-tokens",
+        type=int,
+        help="KV tokens per model (with --hbm-budget: only the default host swap space)",
+    )
     p.add_argument("--grace", type=float, help="seconds in-flight requests get on SIGTERM")
     p.add_argument(
         "--remap",
@@ -75,6 +86,7 @@ def cmd_engine(ns: argparse.Namespace) -> int:
             for key, value in (
                 ("device", ns.device),
                 ("hbm_budget", ns.hbm_budget),
+                ("host_budget", ns.host_budget),
                 ("kv_tokens", ns.kv_tokens),
                 ("grace_s", ns.grace),
                 ("remap", ns.remap),

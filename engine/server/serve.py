@@ -8,7 +8,7 @@ import torch
 
 from shunter.engine.config import EngineConfig, SchedulerConfig, TenantSpec
 from shunter.engine.exec.serving import TorchEngine, model_specs
-from shunter.engine.exec.sizing import KVNeed, serving_config
+from shunter.engine.exec.sizing import KVNeed, default_host_swap_bytes, serving_config
 from shunter.engine.server.context import ServerState
 from shunter.engine.server.loop import EngineLoop
 from shunter.engine.server.metrics import ServerMetrics
@@ -19,17 +19,23 @@ from shunter.engine.server.settings import EngineSettings
 def engine_config(settings: EngineSettings, *, check_integrity: bool = False) -> EngineConfig:
     """Without ``hbm_budget``: room for ``kv_tokens`` tokens of each model (in whole
     contexts). With it: an arena of that many bytes, which must hold one full context of
-    each model. GenerateError says what does not fit."""
+    each model. Host swap space is ``host_budget`` bytes, by default what ``kv_tokens``
+    tokens of each model take, within half the host's memory over all models (so with
+    ``hbm_budget`` alone ``kv_tokens`` sizes the host swap space only). GenerateError
+    says what does not fit."""
     specs = model_specs({m.name: m.path for m in settings.models})
-    needs = []
+    full, one = [], []
     for spec in specs:
-        contexts = 1 if settings.hbm_budget else max(1, -(-settings.kv_tokens // spec.max_context))
+        contexts = max(1, -(-settings.kv_tokens // spec.max_context))
         where = f"of {spec.max_context} tokens (a full context of {spec.name})"
-        needs += [KVNeed(where, spec.name, spec.max_context)] * contexts
+        need = KVNeed(where, spec.name, spec.max_context)
+        full += [need] * contexts
+        one.append(need)
     config = serving_config(
         specs,
-        needs,
+        one if settings.hbm_budget else full,
         hbm_budget=settings.hbm_budget,
+        host_swap_bytes=settings.host_budget or default_host_swap_bytes(specs, full),
         remap=settings.remap,
         check_integrity=check_integrity,
     )

@@ -21,6 +21,7 @@ DEFAULT_KV_TOKENS = 65536
 TOP_KEYS = {
     "device",
     "hbm_budget",
+    "host_budget",
     "kv_tokens",
     "policy",
     "remap",
@@ -48,14 +49,16 @@ class SettingsError(Exception):
 
 @dataclass(frozen=True)
 class EngineSettings:
-    """``kv_tokens`` sizes each model's KV (ignored with ``hbm_budget``, the arena's
-    bytes); ``grace_s`` is how long shutdown waits for requests in flight. With ``remap``
-    the engine lends idle models' weight layers to the KV cache (Oneiros), taking device
+    """``kv_tokens`` sizes each model's KV (with ``hbm_budget``, the arena's bytes, only
+    the host swap space's default); ``host_budget`` is the host swap space's bytes;
+    ``grace_s`` is how long shutdown waits for requests in flight. With ``remap`` the
+    engine lends idle models' weight layers to the KV cache (Oneiros), taking device
     memory in ``capacity_order``."""
 
     models: tuple[ModelArg, ...]
     device: str | None = None
     hbm_budget: int | None = None
+    host_budget: int | None = None
     kv_tokens: int = DEFAULT_KV_TOKENS
     policy: str = "lvf"
     remap: bool = False
@@ -115,6 +118,7 @@ def settings_from_dict(
         models=tuple(models),
         device=_typed(data, "device", str, where),
         hbm_budget=_bytes(data, "hbm_budget", where),
+        host_budget=_bytes(data, "host_budget", where),
         kv_tokens=_typed(data, "kv_tokens", int, where) or DEFAULT_KV_TOKENS,
         policy=policy,
         remap=remap,

@@ -1,0 +1,49 @@
+"""The engine configuration a server's settings make: the host swap space."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from shunter.engine.exec.serving import model_specs
+from shunter.engine.exec.sizing import BLOCK_TOKENS
+from shunter.engine.server.models import ModelArg
+from shunter.engine.server.serve import engine_config
+from shunter.engine.server.settings import EngineSettings, settings_from_dict
+
+
+def _settings(model_dirs: dict[str, Path]) -> EngineSettings:
+    return EngineSettings(
+        models=(
+            ModelArg("llama", model_dirs["tiny-llama"]),
+            ModelArg("qwen", model_dirs["tiny-qwen2"]),
+        ),
+        kv_tokens=8192,
+    )
+
+
+def test_an_hbm_budget_alone_keeps_the_default_host_swap_space(
+    model_dirs: dict[str, Path],
+) -> None:
+    settings = _settings(model_dirs)
+    unbudgeted = engine_config(settings)
+    budgeted = engine_config(dataclasses.replace(settings, hbm_budget=unbudgeted.device_bytes))
+    # Not one context per model: kv_tokens of each, as without a budget.
+    specs = model_specs({m.name: m.path for m in settings.models})
+    one_context_each = sum(
+        -(-s.max_context // BLOCK_TOKENS) * s.block_bytes(BLOCK_TOKENS) for s in specs
+    )
+    assert budgeted.host_swap_bytes == unbudgeted.host_swap_bytes > one_context_each
+
+
+def test_host_budget_sizes_the_host_swap_space(model_dirs: dict[str, Path]) -> None:
+    settings = _settings(model_dirs)
+    config = engine_config(dataclasses.replace(settings, host_budget=3 << 20))
+    assert config.host_swap_bytes == 3 << 20
+    budgeted = dataclasses.replace(settings, host_budget=5 << 20, hbm_budget=64 << 20)
+    assert engine_config(budgeted).host_swap_bytes == 5 << 20
+
+
+def test_host_budget_from_the_config() -> None:
+    data = {"host_budget": "2G", "models": [{"name": "a", "path": "/a"}]}
+    assert settings_from_dict(data, "test").host_budget == 2 << 30
