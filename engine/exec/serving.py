@@ -208,15 +208,17 @@ class TorchEngine:
         params: SamplingParams,
         *,
         slo: SloSpec = DEFAULT_SLO,
+        t_arr: float | None = None,
     ) -> str:
-        """Queue a request now; returns its id."""
+        """Queue a request that arrived at ``t_arr`` on the core's clock (default now);
+        returns its id."""
         request = Request(
             id=f"req-{next(self._ids)}",
             model=model,
             prompt_tokens=len(prompt_ids),
             max_output_tokens=params.max_tokens,
             slo=slo,
-            t_arr=self.core.clock.now(),
+            t_arr=self.core.clock.now() if t_arr is None else t_arr,
             prompt_token_ids=list(prompt_ids),
         )
         self.core.add_request(request)

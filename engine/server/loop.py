@@ -50,7 +50,9 @@ class Delta:
 class Stream:
     """One engine request (one choice of an HTTP request) as its handler follows it:
     each Delta arrives in ``sink`` as ``(index, delta)``, on the event loop ``loop``.
-    The choices of one HTTP request share one sink."""
+    The choices of one HTTP request share one sink. ``t_arr`` is when the HTTP request
+    arrived, on the engine's clock (its TTFT and lag count from then, not from when
+    the engine thread took it up)."""
 
     def __init__(
         self,
@@ -61,9 +63,11 @@ class Stream:
         slo: SloSpec | None,
         sink: asyncio.Queue[tuple[int, Delta]],
         loop: asyncio.AbstractEventLoop,
+        t_arr: float,
         tenant: str = "",
     ) -> None:
         self.index = index
+        self.t_arr = t_arr
         self.tenant = tenant
         self.model = model
         self.prompt_ids = prompt_ids
@@ -183,7 +187,7 @@ class EngineLoop:
             try:
                 kwargs = {} if stream.slo is None else {"slo": stream.slo}
                 request_id = self.engine.add_request(
-                    stream.model, stream.prompt_ids, stream.params, **kwargs
+                    stream.model, stream.prompt_ids, stream.params, t_arr=stream.t_arr, **kwargs
                 )
             except ValueError as e:
                 stream.put(Delta([], "", ABORTED, str(e)))

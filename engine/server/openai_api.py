@@ -156,6 +156,7 @@ EXTRAS = ("return_token_ids",)
 
 async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
     state: ServerState = request.app[STATE]
+    t_arr = state.loop.engine.core.clock.now()
     body = await read_json(request)
     name = model_name(body)
     served = state.models.get(name)
@@ -184,7 +185,7 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
             params = gen.params
             if params.seed is not None and i:
                 params = dataclasses.replace(params, seed=(params.seed + i) % 2**63)
-            streams.append(Stream(index, name, prompt, params, slo, sink, loop, tenant))
+            streams.append(Stream(index, name, prompt, params, slo, sink, loop, t_arr, tenant))
             choices.append(_Choice(index, len(prompt)))
     engine_loop = state.loop  # PUT /admin/deployments may replace state.loop meanwhile
     engine_loop.submit(streams)

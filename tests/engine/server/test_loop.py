@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 
 import pytest
 
@@ -49,3 +50,51 @@ def test_a_caller_that_gives_up_and_a_failing_command_leave_the_loop_serving(
     assert ran.is_set()  # the command ran although its caller had gone
     assert server.run(loop.call(lambda: 7)) == 7
     assert _complete(server) == 200
+
+
+def _ttft_seconds(server: ServerThread, model: str) -> tuple[float, float]:
+    """The TTFT histogram's count and sum for ``model``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    text = request("GET", server.url + "/metrics", headers=headers).text
+    values = {
+        s.name: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.labels.get("model_name") == model
+    }
+    return (
+        values["vllm:time_to_first_token_seconds_count"],
+        values["vllm:time_to_first_token_seconds_sum"],
+    )
+
+
+def test_ttft_counts_from_the_http_arrival_not_the_engine_pickup(server: ServerThread) -> None:
+    loop = server.state.loop
+    clock = loop.engine.core.clock
+    held, release = threading.Event(), threading.Event()
+    hold_s = 0.5
+
+    def hold() -> None:
+        held.set()
+        release.wait(30)
+
+    count, total = _ttft_seconds(server, "llama")
+    blocker = asyncio.run_coroutine_threadsafe(loop.call(hold), server.loop)
+    assert held.wait(30)
+    statuses: list[int] = []
+    client = threading.Thread(target=lambda: statuses.append(_complete(server)))
+    client.start()
+    t_sent = clock.now()
+    # The request waits behind the held command: its submission is queued after it.
+    while loop._commands.empty() or clock.now() - t_sent < hold_s:
+        assert clock.now() - t_sent < 30
+        time.sleep(0.01)
+    release.set()
+    client.join(60)
+    blocker.result(30)
+    assert statuses == [200]
+    count_after, total_after = _ttft_seconds(server, "llama")
+    assert count_after == count + 1
+    assert total_after - total >= hold_s
