@@ -52,7 +52,7 @@ def add_simulate_parser(sub: argparse._SubParsersAction[Any]) -> None:
         help="comma list, req/s (default 4,8,12,16,20; with --scenario, per model while it "
         "receives requests, default 2,4,8,16)",
     )
-    p.add_argument("--duration", type=float, default=120.0, help="seconds of arrivals")
+    p.add_argument("--duration", type=float, help="seconds of arrivals (default 120)")
     p.add_argument("--ttft-slo", type=float, default=5.0, help="S_F, seconds (default 5)")
     p.add_argument("--tbt-slo", type=float, default=0.1, help="S_B, seconds (default 0.1)")
     p.add_argument("--alpha", type=float, default=3.0, help="VLT alpha (default 3)")
@@ -89,6 +89,12 @@ def add_simulate_parser(sub: argparse._SubParsersAction[Any]) -> None:
         "--sharegpt",
         metavar="FILE",
         help="draw lengths from a ShareGPT JSON file instead of the synthetic distribution",
+    )
+    p.add_argument(
+        "--trace",
+        metavar="FILE",
+        help='replay a JSONL trace, one {"t", "prompt_tokens", "output_tokens", "model"} per '
+        "line, instead of generating requests (replaces --rps, --duration, --cv, --sharegpt)",
     )
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     p.add_argument("--json", metavar="OUT", help="write results as JSON")
@@ -137,15 +143,42 @@ def cmd_simulate(ns: argparse.Namespace) -> int:
         return 2
 
 
+def _arrivals(
+    ns: argparse.Namespace, models: list[str], rates: tuple[float, ...]
+) -> tuple[tuple[float, ...], float]:
+    """The rates and seconds of arrivals to simulate: as asked, or with ``--trace`` the
+    trace's own (its mean rate, up to its last arrival), refusing the knobs it replaces."""
+    if ns.trace is None:
+        return tuple(ns.rps or rates), 120.0 if ns.duration is None else ns.duration
+    from shunter.engine.sim.workload import load_trace, trace_window
+
+    given = [
+        flag
+        for flag, value in (
+            ("--rps", ns.rps),
+            ("--duration", ns.duration),
+            ("--sharegpt", ns.sharegpt),
+        )
+        if value is not None
+    ]
+    if ns.cv != 1.0:
+        given.append("--cv")
+    if given:
+        raise ValueError(f"--trace replays its own arrivals and lengths: drop {', '.join(given)}")
+    window, rate = trace_window(load_trace(ns.trace, models))
+    return (rate,), window
+
+
 def _simulate_sweep(ns: argparse.Namespace) -> int:
     from shunter.engine.sim.sweep import SweepSpec, run_sweep
 
+    rates, duration = _arrivals(ns, [ns.model], (4.0, 8.0, 12.0, 16.0, 20.0))
     spec = SweepSpec(
         model=ns.model,
         hardware=ns.hardware or "gh200",
         policies=tuple(ns.policy),
-        rates=tuple(ns.rps or (4.0, 8.0, 12.0, 16.0, 20.0)),
-        duration_s=ns.duration,
+        rates=rates,
+        duration_s=duration,
         ttft_slo_s=ns.ttft_slo,
         tbt_slo_s=ns.tbt_slo,
         alpha=ns.alpha,
@@ -157,31 +190,41 @@ def _simulate_sweep(ns: argparse.Namespace) -> int:
         max_batch_tokens=ns.max_batch_tokens,
         cv=ns.cv,
         sharegpt=ns.sharegpt,
+        trace=ns.trace,
         seed=ns.seed,
     )
     return run_sweep(spec, json_path=ns.json, plot_path=ns.plot)
 
 
 def _simulate_scenario(ns: argparse.Namespace) -> int:
+    from shunter.engine.sim.scenario import get_scenario
     from shunter.engine.sim.scenario_sweep import ScenarioSpec, run_scenarios
 
+    models = [name for name, _ in get_scenario(ns.scenario).shares]
+    rates, duration = _arrivals(ns, models, (2.0, 4.0, 8.0, 16.0))
     spec = ScenarioSpec(
         scenario=ns.scenario,
         sharing=tuple(ns.sharing),
         variants=tuple(ns.variant),
-        rates=tuple(ns.rps or (2.0, 4.0, 8.0, 16.0)),
-        duration_s=ns.duration,
+        rates=rates,
+        duration_s=duration,
         window_s=ns.window,
         hardware=ns.hardware,
         ttft_slo_s=ns.ttft_slo,
         tbt_slo_s=ns.tbt_slo,
+        alpha=ns.alpha,
+        beta_b=ns.beta_b,
+        beta_f=ns.beta_f,
         xfer_budget=ns.xfer_budget,
+        swap_bandwidth_scale=ns.swap_bandwidth_scale,
         max_running=ns.max_running,
         max_batch_tokens=ns.max_batch_tokens,
         turn_quantum_s=ns.quantum,
         remap_cap=ns.remap_cap,
         capacity_order=ns.capacity_order,
         cv=ns.cv,
+        sharegpt=ns.sharegpt,
+        trace=ns.trace,
         seed=ns.seed,
     )
     return run_scenarios(spec, json_path=ns.json, plot_path=ns.plot)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from shunter.engine.config import ModelSpec
 from shunter.engine.sim.catalog import get_model
 from shunter.engine.sim.mix import ModelLoad, OnOff
+from shunter.engine.sim.workload import LengthSampler, sharegpt_like
 
 SHARING = ("temporal", "spatial")
 
@@ -77,9 +78,18 @@ class Scenario:
             floors[name] = floor
         return floors
 
-    def loads(self, sharing: str, rate: float, *, window_s: float, cv: float) -> list[ModelLoad]:
+    def loads(
+        self,
+        sharing: str,
+        rate: float,
+        *,
+        window_s: float,
+        cv: float,
+        lengths: LengthSampler = sharegpt_like,
+    ) -> list[ModelLoad]:
         """Each model at ``rate`` requests per second while it receives any: always
-        (spatial), or in its own ``window_s`` of every cycle (temporal)."""
+        (spatial), or in its own ``window_s`` of every cycle (temporal); request lengths
+        from ``lengths``."""
         if sharing not in SHARING:
             raise ValueError(f"sharing must be one of {SHARING}")
         n = len(self.shares)
@@ -88,6 +98,7 @@ class Scenario:
                 name,
                 rate,
                 cv=cv,
+                lengths=lengths,
                 schedule=None
                 if sharing == "spatial"
                 else OnOff(n * window_s, window_s, i * window_s),

@@ -27,11 +27,12 @@ from shunter.engine.sim.metrics import summarize
 from shunter.engine.sim.mix import mixed_workload
 from shunter.engine.sim.runner import SimConfig, SimRun, simulate
 from shunter.engine.sim.scenario import VARIANTS, get_scenario
-from shunter.engine.sim.workload import WorkloadRequest
+from shunter.engine.sim.workload import WorkloadRequest, lengths_from, load_trace
 
-# The core's default transfer budget, B_xfer = 2400 blocks of 4 MiB (SuperInfer's
-# setting), as bytes per step: scenarios with larger blocks move as many bytes.
-XFER_BUDGET_BYTES = 2400 * 4 * MiB
+# B_xfer is counted in SuperInfer's blocks: 16 tokens of Qwen2.5-32B's KV, 4 MiB. A
+# scenario's models have blocks of other sizes: they move as many bytes per step.
+XFER_BLOCK_BYTES = 4 * MiB
+XFER_BUDGET_BLOCKS = SchedulerConfig().xfer_budget_blocks
 
 
 @dataclass(frozen=True)
@@ -39,8 +40,12 @@ class ScenarioSpec:
     """What ``shunter simulate --scenario`` was asked for (see its ``--help``).
 
     ``rates`` are requests per second per model while it receives any; ``window_s`` is
-    each model's share of a temporal cycle. ``hardware`` defaults to the scenario's and
-    ``xfer_budget`` (blocks of the largest block size) to ``XFER_BUDGET_BYTES``.
+    each model's share of a temporal cycle. ``hardware`` defaults to the scenario's.
+    ``xfer_budget`` is B_xfer in ``XFER_BLOCK_BYTES`` blocks (default
+    ``XFER_BUDGET_BLOCKS``). ``alpha``, ``beta_b`` and ``beta_f`` are the VLT's,
+    ``swap_bandwidth_scale`` scales every copy bandwidth, ``sharegpt`` draws request
+    lengths from a ShareGPT file; a ``trace`` (JSONL, every model named in it served
+    here) replaces the generated requests at every rate and in every sharing mode.
     """
 
     scenario: str
@@ -52,13 +57,19 @@ class ScenarioSpec:
     hardware: str | None = None
     ttft_slo_s: float = 5.0
     tbt_slo_s: float = 0.1
+    alpha: float = 3.0
+    beta_b: float = 0.0
+    beta_f: float = 0.5
     xfer_budget: int | None = None
+    swap_bandwidth_scale: float = 1.0
     max_running: int = 256
     max_batch_tokens: int = 8192
     turn_quantum_s: float = 0.5
     remap_cap: float = 0.5
     capacity_order: tuple[str, ...] = CAPACITY_SOURCES
     cv: float = 1.0
+    sharegpt: str | None = None
+    trace: str | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -75,7 +86,14 @@ class ScenarioSpec:
         KV floor from the scenario."""
         scenario, v = get_scenario(self.scenario), VARIANTS[variant]
         hardware = get_profile(self.hardware_name)
-        slo = SloSpec("default", ttft_s=self.ttft_slo_s, tbt_s=self.tbt_slo_s)
+        slo = SloSpec(
+            "default",
+            ttft_s=self.ttft_slo_s,
+            tbt_s=self.tbt_slo_s,
+            alpha=self.alpha,
+            beta_b=self.beta_b,
+            beta_f=self.beta_f,
+        )
         floors = scenario.kv_floors(hardware.hbm_bytes)
         config = SimConfig(
             models=scenario.models,
@@ -91,30 +109,45 @@ class ScenarioSpec:
                 cap_fraction=self.remap_cap,
                 capacity_order=self.capacity_order,
             ),
+            swap_bandwidth_scale=self.swap_bandwidth_scale,
         )
+        # The engine counts B_xfer in blocks of its largest block size.
         largest = max(m.block_bytes(config.block_tokens) for m in scenario.models)
         scheduler = SchedulerConfig(
             policy=v.policy,
-            xfer_budget_blocks=self.xfer_budget or max(1, XFER_BUDGET_BYTES // largest),
+            xfer_budget_blocks=max(1, self.xfer_budget_bytes // largest),
             max_running=self.max_running,
             max_batch_tokens=self.max_batch_tokens,
             turn_quantum_s=self.turn_quantum_s,
         )
         return dataclasses.replace(config, scheduler=scheduler)
 
+    @property
+    def xfer_budget_bytes(self) -> int:
+        """B_xfer in bytes per step."""
+        blocks = XFER_BUDGET_BLOCKS if self.xfer_budget is None else self.xfer_budget
+        return blocks * XFER_BLOCK_BYTES
+
     def workload(self, sharing: str, rate: float) -> list[WorkloadRequest]:
         """The same requests for every variant at one rate and sharing mode."""
-        loads = get_scenario(self.scenario).loads(sharing, rate, window_s=self.window_s, cv=self.cv)
+        scenario = get_scenario(self.scenario)
+        if self.trace is not None:
+            return load_trace(self.trace, [name for name, _ in scenario.shares])
+        loads = scenario.loads(
+            sharing, rate, window_s=self.window_s, cv=self.cv, lengths=lengths_from(self.sharegpt)
+        )
         return mixed_workload(loads, duration_s=self.duration_s, seed=self.seed)
 
     def describe(self) -> str:
         models = ", ".join(
             f"{name} {share:.0%}" for name, share in get_scenario(self.scenario).shares
         )
+        arrivals = f"trace {self.trace}" if self.trace else f"{self.duration_s:g} s of arrivals"
+        scale = self.swap_bandwidth_scale
+        swap = "" if scale == 1.0 else f", swap bandwidth x{scale:g}"
         return (
-            f"scenario {self.scenario} ({models}) on {self.hardware_name}, "
-            f"{self.duration_s:g} s of arrivals, SLO TTFT {self.ttft_slo_s:g} s / "
-            f"TBT {self.tbt_slo_s:g} s"
+            f"scenario {self.scenario} ({models}) on {self.hardware_name}, {arrivals}, "
+            f"SLO TTFT {self.ttft_slo_s:g} s / TBT {self.tbt_slo_s:g} s{swap}"
         )
 
 
@@ -245,5 +278,11 @@ def _config_json(spec: ScenarioSpec) -> dict[str, Any]:
     config = dataclasses.asdict(spec)
     config["hardware"] = spec.hardware_name
     config["shares"] = [list(share) for share in get_scenario(spec.scenario).shares]
-    config["workload"] = "synthetic ShareGPT-like, per-model gamma arrivals"
+    config["xfer_budget_bytes"] = spec.xfer_budget_bytes
+    config["workload"] = (
+        "JSONL trace"
+        if spec.trace
+        else ("ShareGPT file" if spec.sharegpt else "synthetic ShareGPT-like")
+        + ", per-model gamma arrivals"
+    )
     return config

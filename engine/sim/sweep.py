@@ -20,15 +20,17 @@ from shunter.engine.sim.workload import (
     WorkloadRequest,
     build_workload,
     gamma_arrivals,
-    load_sharegpt,
-    resample,
-    sharegpt_like,
+    lengths_from,
+    load_trace,
 )
 
 
 @dataclass(frozen=True)
 class SweepSpec:
-    """What ``shunter simulate`` was asked for (see its ``--help`` for each knob)."""
+    """What ``shunter simulate`` was asked for (see its ``--help`` for each knob).
+
+    With a ``trace`` the workload is that JSONL trace, the same at every rate given.
+    """
 
     model: str
     hardware: str
@@ -46,6 +48,7 @@ class SweepSpec:
     max_batch_tokens: int = 8192
     cv: float = 1.0
     sharegpt: str | None = None
+    trace: str | None = None
     seed: int = 0
 
     def sim_config(self, policy: str) -> SimConfig:
@@ -72,22 +75,27 @@ class SweepSpec:
     def workload(self, rate: float, lengths: LengthSampler) -> list[WorkloadRequest]:
         """``round(rate * duration)`` requests; the same seed for every policy and rate,
         so policies at one rate see the very same requests."""
+        if self.trace is not None:
+            return load_trace(self.trace, (self.model,))
         rng = random.Random(self.seed)
         arrivals = gamma_arrivals(rate, self.cv, round(rate * self.duration_s), rng)
         return build_workload(arrivals, lengths, self.model, rng)
 
     def lengths(self) -> LengthSampler:
-        if self.sharegpt is None:
-            return sharegpt_like
-        return resample(load_sharegpt(self.sharegpt))
+        return lengths_from(self.sharegpt)
 
     def describe(self) -> str:
         scale = self.swap_bandwidth_scale
         swap = "" if scale == 1.0 else f", swap bandwidth x{scale:g}"
         return (
-            f"{self.model} on {self.hardware}, {self.duration_s:g} s of arrivals, "
+            f"{self.model} on {self.hardware}, {self._arrivals()}, "
             f"SLO TTFT {self.ttft_slo_s:g} s / TBT {self.tbt_slo_s:g} s{swap}"
         )
+
+    def _arrivals(self) -> str:
+        if self.trace is not None:
+            return f"trace {self.trace}"
+        return f"{self.duration_s:g} s of arrivals"
 
 
 def run_sweep(spec: SweepSpec, *, json_path: str | None, plot_path: str | None) -> int:
@@ -126,7 +134,13 @@ def _config_json(spec: SweepSpec) -> dict[str, Any]:
         "copy_curve": [list(point) for point in hardware.copy_curve],
         "sources": list(hardware.sources),
     }
-    config["workload"] = "ShareGPT file" if spec.sharegpt else "synthetic ShareGPT-like"
+    config["workload"] = (
+        "JSONL trace"
+        if spec.trace
+        else "ShareGPT file"
+        if spec.sharegpt
+        else "synthetic ShareGPT-like"
+    )
     return config
 
 

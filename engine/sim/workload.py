@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,6 +108,14 @@ def resample(pairs: Sequence[tuple[int, int]]) -> LengthSampler:
     return lambda rng: pairs[rng.randrange(len(pairs))]
 
 
+def lengths_from(sharegpt: str | Path | None) -> LengthSampler:
+    """The synthetic ShareGPT-like distribution, or (given a file) pairs resampled from
+    a ShareGPT-format file."""
+    if sharegpt is None:
+        return sharegpt_like
+    return resample(load_sharegpt(sharegpt))
+
+
 def estimate_tokens(text: str) -> int:
     """About four characters per token for English text (OpenAI's tokenizer guidance)."""
     return max(1, round(len(text) / 4))
@@ -203,3 +211,28 @@ def read_trace(path: str | Path) -> list[WorkloadRequest]:
             except (KeyError, ValueError, TypeError) as exc:
                 raise ValueError(f"{path}:{lineno}: bad trace line: {exc}") from None
     return sorted(requests, key=lambda r: r.t)
+
+
+def load_trace(path: str | Path, models: Collection[str]) -> list[WorkloadRequest]:
+    """``read_trace`` for a run serving ``models``: ValueError for a file that cannot be
+    read, a trace without requests, or one naming a model the run does not serve."""
+    try:
+        requests = read_trace(path)
+    except OSError as exc:
+        raise ValueError(f"cannot read trace {path}: {exc.strerror}") from None
+    if not requests:
+        raise ValueError(f"trace {path} has no requests")
+    unknown = sorted({r.model for r in requests} - set(models))
+    if unknown:
+        raise ValueError(
+            f"trace {path} names {', '.join(unknown)}, not served in this run "
+            f"(models: {', '.join(models)})"
+        )
+    return requests
+
+
+def trace_window(requests: Sequence[WorkloadRequest]) -> tuple[float, float]:
+    """A trace's arrival window (seconds up to its last arrival) and its mean rate of
+    arrivals over that window (requests per second)."""
+    window = max(r.t for r in requests)
+    return window, len(requests) / window if window > 0 else float(len(requests))

@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 
 from shunter.engine.sim.hardware import get_profile, profile_json
+from shunter.engine.sim.workload import WorkloadRequest, write_trace
 from shunter.platform.cli import main
 
 
@@ -90,3 +91,79 @@ def test_simulate_a_scenario_compares_variants_per_sharing_mode(
     assert all(r["gb_prefetched"] == 0 and r["layers_remapped"] == [] for r in none)
     assert "SIMULATED" in out_html.read_text()
     assert "SIMULATED" in (tmp_path / "c2-spatial.html").read_text()
+
+
+def test_a_scenario_honours_the_vlt_and_swap_knobs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_json = tmp_path / "c2.json"
+    argv = [
+        "simulate", "--scenario", "c2", "--variant", "rotasched", "--rps", "2",
+        "--duration", "4", "--window", "2", "--alpha", "1", "--beta-b", "0.5", "--beta-f", "2",
+        "--swap-bandwidth-scale", "0.05", "--xfer-budget", "300", "--json", str(out_json),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    assert "swap bandwidth x0.05" in capsys.readouterr().out
+    config = json.loads(out_json.read_text())["config"]
+    assert (config["alpha"], config["beta_b"], config["beta_f"]) == (1.0, 0.5, 2.0)
+    assert config["swap_bandwidth_scale"] == 0.05
+    assert config["xfer_budget_bytes"] == 300 * 4 * 2**20
+
+
+def _trace(path: Path, rows: list[tuple[float, int, int, str]]) -> str:
+    write_trace(path, [WorkloadRequest(*row) for row in rows])
+    return str(path)
+
+
+def test_simulate_replays_a_single_model_trace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = _trace(
+        tmp_path / "t.jsonl",
+        [(0.0, 100, 20, "llama-3-8b"), (0.5, 300, 10, "llama-3-8b"), (2.0, 50, 5, "llama-3-8b")],
+    )
+    out_json = tmp_path / "out.json"
+    argv = ["simulate", "--model", "llama-3-8b", "--hardware", "h100", "--policy", "fcfs,lvf"]
+    assert main([*argv, "--trace", trace, "--json", str(out_json)]) == 0
+    assert f"trace {trace}" in capsys.readouterr().out
+    doc = json.loads(out_json.read_text())
+    assert doc["config"]["workload"] == "JSONL trace"
+    for r in doc["results"]:
+        assert r["num_requests"] == r["num_succeeded"] == 3
+        assert r["rps"] == 1.5  # 3 requests over the 2 s up to the last arrival
+        assert r["sim_duration_s"] >= 2.0
+
+
+def test_simulate_replays_a_two_model_trace_in_a_scenario(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [(0.0, 200, 16, "opt-30b"), (0.2, 100, 8, "opt-6.7b"), (1.0, 64, 8, "opt-6.7b")]
+    trace = _trace(tmp_path / "t.jsonl", rows)
+    out_json = tmp_path / "out.json"
+    argv = ["simulate", "--scenario", "c2", "--variant", "none,combined", "--trace", trace]
+    assert main([*argv, "--json", str(out_json)]) == 0
+    capsys.readouterr()
+    results = json.loads(out_json.read_text())["results"]
+    assert [r["variant"] for r in results] == ["none", "combined"]
+    for r in results:
+        assert r["num_succeeded"] == 3
+        assert {m: v["num_requests"] for m, v in r["models"].items()} == {
+            "opt-30b": 1,
+            "opt-6.7b": 2,
+        }
+
+
+def test_simulate_refuses_a_trace_naming_a_model_not_in_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = _trace(tmp_path / "t.jsonl", [(0.0, 10, 2, "opt-30b"), (0.1, 10, 2, "llama-3-8b")])
+    assert main(["simulate", "--scenario", "c2", "--trace", trace]) == 2
+    err = capsys.readouterr().err
+    assert "names llama-3-8b, not served" in err and "opt-6.7b" in err
+    assert main(["simulate", "--model", "opt-30b", "--trace", trace]) == 2
+    assert "names llama-3-8b" in capsys.readouterr().err
+    # The trace brings its own arrivals: knobs that shape generated ones are refused.
+    assert main(["simulate", "--model", "opt-30b", "--trace", trace, "--rps", "4"]) == 2
+    assert "drop --rps" in capsys.readouterr().err
+    assert main(["simulate", "--model", "opt-30b", "--trace", str(tmp_path / "none.jsonl")]) == 2
+    assert "cannot read trace" in capsys.readouterr().err

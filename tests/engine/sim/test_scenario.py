@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from shunter.engine.sim.hardware import GB, gh200_96g
+from shunter.engine.sim.hardware import GB, MiB, gh200_96g
 from shunter.engine.sim.scenario import SCENARIOS, VARIANTS, get_scenario
+from shunter.engine.sim.scenario_sweep import ScenarioSpec
 from shunter.engine.sim.switch import SwitchCosts
 
 
@@ -76,3 +79,36 @@ def test_a_remapping_run_is_the_same_in_every_process() -> None:
         for seed in ("1", "5")
     }
     assert len(outputs) == 1, outputs
+
+
+def test_a_scenario_spec_carries_the_vlt_swap_and_length_knobs(tmp_path: Path) -> None:
+    sharegpt = tmp_path / "sharegpt.json"
+    turns = [{"from": "human", "value": "x" * 400}, {"from": "gpt", "value": "y" * 800}]
+    sharegpt.write_text(json.dumps([{"conversations": turns}]))
+    spec = ScenarioSpec(
+        "c2",
+        ("temporal",),
+        ("combined",),
+        (2.0,),
+        duration_s=20.0,
+        alpha=1.5,
+        beta_b=0.25,
+        beta_f=2.0,
+        swap_bandwidth_scale=0.05,
+        sharegpt=str(sharegpt),
+    )
+    config = spec.sim_config("combined", "temporal")
+    assert (config.slo.alpha, config.slo.beta_b, config.slo.beta_f) == (1.5, 0.25, 2.0)
+    assert all(t.slo == config.slo for t in config.tenants)
+    assert config.swap_bandwidth_scale == 0.05
+    workload = spec.workload("temporal", 2.0)
+    assert workload and {(w.prompt_tokens, w.output_tokens) for w in workload} == {(100, 200)}
+
+
+def test_the_transfer_budget_counts_4_mib_blocks_whatever_the_models_blocks() -> None:
+    spec = ScenarioSpec("c2", ("temporal",), ("rotasched",), (2.0,), xfer_budget=300)
+    config = spec.sim_config("rotasched", "temporal")
+    largest = max(m.block_bytes(config.block_tokens) for m in config.models)
+    assert largest != 4 * MiB  # opt-30b's 16-token blocks are not SuperInfer's
+    assert spec.xfer_budget_bytes == 300 * 4 * MiB
+    assert config.scheduler.xfer_budget_blocks == 300 * 4 * MiB // largest
