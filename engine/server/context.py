@@ -25,7 +25,8 @@ class ServerState:
     """One server. ``token`` (None: no auth) guards every route but ``/health``;
     ``draining`` refuses new generation requests, and so does ``reconciling`` while
     ``PUT /admin/deployments`` replaces the engine; on shutdown, requests in flight get
-    ``grace_s`` seconds to finish before they are aborted. ``build`` makes a new engine
+    ``grace_s`` seconds to finish before they are aborted. A stream that has sent
+    nothing for ``keepalive_s`` seconds gets an SSE comment. ``build`` makes a new engine
     loop and model table for other settings (with the same metrics)."""
 
     models: Mapping[str, ServedModel]
@@ -35,6 +36,7 @@ class ServerState:
     build: Build
     token: str | None = None
     grace_s: float = 30.0
+    keepalive_s: float = 5.0
     draining: bool = False
     reconciling: bool = False
     reconcile_lock: asyncio.Lock = field(default_factory=asyncio.Lock)

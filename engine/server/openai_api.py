@@ -13,7 +13,7 @@ import dataclasses
 import json
 import math
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -200,11 +200,24 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
 
 
 async def _deltas(
-    choices: list[_Choice], sink: asyncio.Queue[tuple[int, Delta]]
+    choices: list[_Choice],
+    sink: asyncio.Queue[tuple[int, Delta]],
+    *,
+    on_idle: Callable[[], Awaitable[None]] | None = None,
+    idle_s: float = 0.0,
 ) -> AsyncIterator[tuple[_Choice, Delta]]:
+    """The choices' deltas as they come; ``on_idle`` runs after each ``idle_s`` seconds
+    without one."""
     left = len(choices)
     while left:
-        index, delta = await sink.get()
+        if on_idle is None:
+            index, delta = await sink.get()
+        else:
+            try:
+                index, delta = await asyncio.wait_for(sink.get(), idle_s)
+            except TimeoutError:
+                await on_idle()
+                continue
         c = choices[index]
         c.text += delta.text
         c.token_ids += delta.token_ids
@@ -232,7 +245,12 @@ async def _collect(
         chunk=False,
     )
     body["usage"] = usage(choices, gen.prompts)
-    return web.json_response(body)
+    return web.json_response(body, headers=prompt_tokens_header(gen))
+
+
+def prompt_tokens_header(gen: GenerationRequest) -> dict[str, str]:
+    """``X-Shunter-Prompt-Tokens``: the prompt tokens of every prompt (as in usage)."""
+    return {"X-Shunter-Prompt-Tokens": str(sum(len(p) for p in gen.prompts))}
 
 
 async def _stream(
@@ -247,9 +265,15 @@ async def _stream(
             "Content-Type": "text/event-stream",
             "Cache-Control": "no-cache",
             "X-Request-Id": request[REQUEST_ID],
+            **prompt_tokens_header(gen),
         }
     )
     await response.prepare(request)
+
+    async def keep_alive() -> None:
+        # An SSE comment: proxies and clients see a slow engine (queued, rotary
+        # requests), not a wedged one.
+        await response.write(b": keep-alive\n\n")
 
     async def send(payload: dict[str, Any]) -> None:
         if gen.include_usage:
@@ -257,7 +281,8 @@ async def _stream(
         await response.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
 
     started: set[int] = set()
-    async for c, delta in _deltas(choices, sink):
+    keepalive_s = request.app[STATE].keepalive_s
+    async for c, delta in _deltas(choices, sink, on_idle=keep_alive, idle_s=keepalive_s):
         if delta.finish_reason == ABORTED:
             error = unavailable(f"The request was aborted: {delta.error}")
             await response.write(b"data: " + json.dumps(error.body()).encode() + b"\n\n")

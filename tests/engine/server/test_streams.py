@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import threading
 import time
 
 import aiohttp
@@ -113,3 +114,51 @@ def test_a_client_leaving_a_whole_response_aborts_it(server: ServerThread) -> No
     asyncio.run(leave_early())
     assert_no_leaks(server.wait_idle())
     assert sample("vllm:request_success_total", labels) == before + 1
+
+
+def test_a_stream_held_up_gets_keep_alive_comments_and_prompt_tokens(
+    server: ServerThread,
+) -> None:
+    loop = server.state.loop
+    server.state.keepalive_s = 0.1
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        held.set()
+        release.wait(30)
+
+    async def read() -> tuple[str | None, bytes]:
+        body = {"model": "qwen", "prompt": [1, 2, 3], "max_tokens": 2, "stream": True}
+        async with (
+            aiohttp.ClientSession(headers=AUTH) as session,
+            session.post(server.url + "/v1/completions", json=body) as r,
+        ):
+            seen = b""
+            # The engine thread is held: only keep-alive comments can come.
+            while b": keep-alive\n\n" not in seen:
+                seen += await asyncio.wait_for(r.content.readany(), 30)
+            release.set()
+            return r.headers.get("X-Shunter-Prompt-Tokens"), seen + await r.read()
+
+    blocker = asyncio.run_coroutine_threadsafe(loop.call(hold), server.loop)
+    try:
+        assert held.wait(30)
+        header, streamed = asyncio.run(read())
+    finally:
+        release.set()
+        server.state.keepalive_s = 5.0
+    blocker.result(30)
+    assert header == "3"
+    assert streamed.startswith(b": keep-alive\n\n")
+    assert streamed.rstrip().endswith(b"data: [DONE]")
+    assert_no_leaks(server.wait_idle())
+
+
+def test_a_whole_response_carries_its_prompt_tokens(server: ServerThread) -> None:
+    body = {"model": "llama", "prompt": ["hello there", "hi"], "max_tokens": 2, "n": 2}
+    r = request(
+        "POST", server.url + "/v1/completions", body=json.dumps(body).encode(), headers=AUTH
+    )
+    assert r.status_code == 200
+    assert r.headers["X-Shunter-Prompt-Tokens"] == str(r.json()["usage"]["prompt_tokens"])
+    assert int(r.headers["X-Shunter-Prompt-Tokens"]) > 2
