@@ -14,7 +14,7 @@ import os
 import subprocess
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,15 +116,19 @@ class Process:
 
 
 class Engine(Process):
-    """``shunter engine`` on CPU serving ``models`` (name -> directory), with a token."""
+    """``shunter engine`` on CPU serving ``models`` (name -> directory), with a token;
+    the models named in ``temporal`` share the device temporally, the others spatially."""
 
-    def __init__(self, models: dict[str, Path], log: Path) -> None:
+    def __init__(
+        self, models: dict[str, Path], log: Path, *, temporal: Collection[str] = ()
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         command = [str(VENV_BIN / "shunter"), "engine", "--device", "cpu"]
         command += ["--port", str(self.port), "--kv-tokens", "16384", "--grace", "1"]
         for name, path in models.items():
-            command += ["--model", f"{name}={path}:spatial"]
+            sharing = "temporal" if name in temporal else "spatial"
+            command += ["--model", f"{name}={path}:{sharing}"]
         env = {**os.environ, "SHUNTER_ENGINE_TOKEN": ENGINE_TOKEN, "OMP_NUM_THREADS": "1"}
         super().__init__(command, env, log)
         wait_healthy(self.url + "/health", self.proc, log)
@@ -155,9 +159,10 @@ def engine(
 
 
 class Gateway(Process):
-    """``shunter web`` on the test database (and Redis when the suite has it)."""
+    """``shunter web`` on the test database (and Redis when the suite has it);
+    ``overrides`` replace variables of its environment."""
 
-    def __init__(self, log: Path) -> None:
+    def __init__(self, log: Path, overrides: Mapping[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         db = connection.settings_dict  # the test database's (settings keep the original)
@@ -175,6 +180,7 @@ class Gateway(Process):
         )
         if REDIS_URL:
             env["REDIS_URL"] = REDIS_URL
+        env.update(overrides or {})
         command = [str(VENV_BIN / "shunter"), "web", "--port", str(self.port)]
         super().__init__(command, env, log)
         wait_healthy(self.url + "/healthz", self.proc, log)
