@@ -21,6 +21,7 @@ import torch
 from tokenizers import Tokenizer
 
 from shunter.engine.config import ModelSpec
+from shunter.engine.exec.detok import token_speller
 from shunter.engine.exec.forced_remap import forced_layers
 from shunter.engine.exec.generate_input import (
     GenerateError,
@@ -64,8 +65,8 @@ def run_generate(requests: Sequence[GenerateRequest], options: GenerateOptions) 
     """Serve ``requests`` concurrently and return their outputs in input order."""
     specs = _model_specs(options.models)
     by_name = {spec.name: spec for spec in specs}
-    tokenizers: dict[str, Tokenizer] = {}
-    prompts = [_prompt_ids(r, by_name[r.model], options.models, tokenizers) for r in requests]
+    tokenizers = _tokenizers(options.models)
+    prompts = [_prompt_ids(r, by_name[r.model], tokenizers[r.model]) for r in requests]
     config = serving_config(
         specs,
         [
@@ -140,20 +141,31 @@ def _model_specs(models: Mapping[str, Path]) -> tuple[ModelSpec, ...]:
     return tuple(specs)
 
 
-def _prompt_ids(
-    request: GenerateRequest,
-    spec: ModelSpec,
-    models: Mapping[str, Path],
-    tokenizers: dict[str, Tokenizer],
-) -> list[int]:
+def _tokenizers(models: Mapping[str, Path]) -> dict[str, Tokenizer]:
+    """Each model's tokenizer, checked before any weights load: one that cannot be read,
+    or whose tokens the engine cannot turn into text, is a GenerateError."""
+    tokenizers = {}
+    for name, path in models.items():
+        file = path / "tokenizer.json"
+        try:
+            tokenizer = Tokenizer.from_file(str(file))
+        except Exception as e:  # the tokenizers library raises plain Exceptions
+            first_line = (str(e).splitlines() or [type(e).__name__])[0]
+            raise GenerateError(f"model {name!r}: {file} cannot be read: {first_line}") from None
+        try:
+            token_speller(tokenizer)
+        except ValueError as e:
+            raise GenerateError(f"model {name!r}: {file}: {e}") from None
+        tokenizers[name] = tokenizer
+    return tokenizers
+
+
+def _prompt_ids(request: GenerateRequest, spec: ModelSpec, tokenizer: Tokenizer) -> list[int]:
     if request.prompt_ids is not None:
         ids = list(request.prompt_ids)
     else:
         assert request.prompt is not None
-        if spec.name not in tokenizers:
-            path = models[spec.name] / "tokenizer.json"
-            tokenizers[spec.name] = Tokenizer.from_file(str(path))
-        ids = tokenizers[spec.name].encode(request.prompt).ids
+        ids = tokenizer.encode(request.prompt).ids
     if not ids:
         raise GenerateError(f"request {request.where}: the prompt has no tokens")
     if max(ids) >= spec.vocab_size:

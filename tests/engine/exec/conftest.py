@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from shunter.engine.exec.batch import ForwardBatch, SequenceChunk
 from shunter.engine.exec.loader import load_model
@@ -81,3 +83,48 @@ def greedy_generate(
             ban = torch.tensor(banned, dtype=torch.int64)
             tokens.append(int(logits[0].index_fill(0, ban, float("-inf")).argmax()))
     return tokens[len(prompt) :]
+
+
+SENTENCEPIECE_CORPUS = [
+    "The shunter moves cars between the tracks of the yard.",
+    "It sorts the cars by destination and builds new trains.\nEach train waits for a signal.",
+    "Le train arrive en gare à huit heures.",
+    "列车进站了。调度员看着信号灯。",
+]
+
+
+@pytest.fixture(scope="session")
+def sentencepiece() -> Tokenizer:
+    """A SentencePiece-style tokenizer as Llama 2 and Mistral ship it (``tokenizer.json``
+    of the Llama converter): BPE over ``▁``-spaced text with byte fallback, ids 0-2 for
+    ``<unk> <s> </s>``, then the 256 ``<0xNN>`` byte tokens, then the trained pieces,
+    which start a word with ``▁`` and never span two.
+    Trained here on a few sentences, so most characters outside them fall back to bytes.
+    """
+    trained = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    trained.pre_tokenizer = pre_tokenizers.Metaspace(
+        replacement="▁", prepend_scheme="first", split=True
+    )
+    trainer = trainers.BpeTrainer(
+        vocab_size=200, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False
+    )
+    trained.train_from_iterator(SENTENCEPIECE_CORPUS, trainer=trainer)
+    spec = json.loads(trained.to_str())
+    # The byte tokens are ordinary vocabulary, not added tokens, right after the specials.
+    pieces = sorted(spec["model"]["vocab"].items(), key=lambda item: item[1])
+    specials, rest = pieces[:3], [piece for piece, _ in pieces[3:]]
+    vocab = [piece for piece, _ in specials] + [f"<0x{b:02X}>" for b in range(256)] + rest
+    spec["model"]["vocab"] = {piece: i for i, piece in enumerate(vocab)}
+    tokenizer = Tokenizer.from_str(json.dumps(spec))
+    tokenizer.decoder = decoders.Sequence(
+        [
+            decoders.Replace("▁", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", 1)]
+    )
+    return tokenizer

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 from functools import cache
 from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer
+from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer, decoders, models
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from shunter.engine.exec.forced_remap import EVERY_LAYER
@@ -241,6 +243,64 @@ def test_force_remap_says_when_a_model_has_no_layer_to_lend(
     captured = capsys.readouterr()
     assert captured.err.splitlines() == [f"shunter generate: warning: {w}" for w in warnings]
     assert captured.out.splitlines()[-1].startswith("summary: ")
+
+
+@pytest.fixture(scope="module")
+def sentencepiece_dir(tmp_path_factory: pytest.TempPathFactory, sentencepiece: Tokenizer) -> Path:
+    """A tiny model whose tokenizer is SentencePiece-style, as Llama 2's and Mistral's."""
+    out = init_model_dir(
+        tmp_path_factory.mktemp("sp") / "sp", config=preset_config("tiny-mistral"), seed=2
+    )
+    sentencepiece.save(str(out / "tokenizer.json"))
+    config = {"tokenizer_class": "LlamaTokenizerFast", "bos_token": "<s>", "eos_token": "</s>"}
+    (out / "tokenizer_config.json").write_text(json.dumps(config))
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}))
+    # Random weights pick stray non-ASCII byte tokens, and invalid UTF-8 becomes U+FFFD
+    # differently: the ByteFallback decoder replaces a whole run of byte tokens that
+    # fails, a UTF-8 decoder only the invalid bytes. Zero logits for bytes 0x80-0xFF
+    # keep greedy output valid, so that it can be compared with decode.
+    weights = load_file(out / "model.safetensors")
+    weights["lm_head.weight"][3 + 0x80 : 3 + 0x100] = 0
+    save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
+    return out
+
+
+def test_sentencepiece_text_continues_the_prompt(
+    sentencepiece_dir: Path, sentencepiece: Tokenizer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = "Le train arrive à Zürich 🚂\n"
+    args = ["--model", str(sentencepiece_dir), "--prompt", text, "--max-tokens", "24"]
+    [out, _] = run_json([*args, "--greedy"], capsys)
+    prompt_ids, output_ids = out["prompt_ids"], out["output_ids"]
+    assert isinstance(prompt_ids, list) and isinstance(output_ids, list)
+    assert prompt_ids == sentencepiece.encode(text).ids
+    assert sentencepiece.decode(prompt_ids) == text
+    # The text is what the output tokens add to the prompt's decoded text.
+    ids = [t for t in output_ids if t != 2]
+    whole = sentencepiece.decode(prompt_ids + ids)
+    assert out["text"] == whole[len(text) :]
+    assert out["text"]
+
+
+def test_a_tokenizer_the_engine_cannot_detokenize_is_refused_in_one_line(
+    tmp_path: Path, tiny_dirs: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = shutil.copytree(tiny_dirs["tiny-llama"], tmp_path / "wordpiece")
+    tokenizer = Tokenizer(models.WordPiece({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+    tokenizer.decoder = decoders.WordPiece()
+    tokenizer.save(str(model / "tokenizer.json"))
+    args = ["generate", "--model", str(model), "--prompt-ids", "1", "--max-tokens", "2"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        f"shunter generate: error: model 'wordpiece': {model}/tokenizer.json: unsupported "
+        "tokenizer: decoder ['WordPiece'] is neither ByteLevel (byte-level BPE) nor "
+        "SentencePiece-style (Metaspace or Replace ▁ by a space, ByteFallback)"
+    ]
+    (model / "tokenizer.json").write_text("{not json")
+    assert main(args) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and f"{model}/tokenizer.json cannot be read: " in err[0]
 
 
 ERRORS = [
