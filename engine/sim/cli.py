@@ -62,7 +62,9 @@ def add_simulate_parser(sub: argparse._SubParsersAction[Any]) -> None:
         "--xfer-budget",
         type=int,
         help=f"B_xfer, blocks per step (default {DEFAULTS.xfer_budget_blocks}; with "
-        "--scenario, as many bytes as that many 4 MiB blocks)",
+        "--scenario, as many bytes as that many 4 MiB blocks, by default "
+        f"{DEFAULTS.xfer_budget_blocks} of them but no more than SuperInfer's share of "
+        "its KV pool, ~16%%, of the scenario's)",
     )
     p.add_argument(
         "--swap-bandwidth-scale",

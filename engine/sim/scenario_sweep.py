@@ -22,6 +22,7 @@ from shunter.engine.config import (
     TenantSpec,
 )
 from shunter.engine.sim import report
+from shunter.engine.sim.catalog import get_model
 from shunter.engine.sim.hardware import GB, MiB, get_profile
 from shunter.engine.sim.metrics import summarize
 from shunter.engine.sim.mix import mixed_workload
@@ -35,14 +36,31 @@ XFER_BLOCK_BYTES = 4 * MiB
 XFER_BUDGET_BLOCKS = SchedulerConfig().xfer_budget_blocks
 
 
+def _paper_xfer_share() -> float:
+    """SuperInfer's B_xfer as a share of the KV pool it rotated: 2400 blocks of 4 MiB
+    against what Qwen2.5-32B's weights leave of 90% of a 144 GB GH200 (§5.2), ~0.16."""
+    qwen, gh200 = get_model("qwen2.5-32b"), get_profile("gh200")
+    pool = 0.9 * gh200.hbm_bytes - qwen.param_bytes
+    return XFER_BUDGET_BLOCKS * XFER_BLOCK_BYTES / pool
+
+
+# The default B_xfer of a scenario is SuperInfer's in bytes, but no larger a share of
+# the scenario's KV pool than SuperInfer's was of its own. B_xfer is the link's bytes per
+# step, and the paper only ran it as a fraction of the pool; the scenarios' pools are a
+# few GB (c2: 3.6 GB), and SuperInfer's 10 GB would let LVF turn the whole pool over
+# every step.
+XFER_POOL_SHARE = _paper_xfer_share()
+
+
 @dataclass(frozen=True)
 class ScenarioSpec:
     """What ``shunter simulate --scenario`` was asked for (see its ``--help``).
 
     ``rates`` are requests per second per model while it receives any; ``window_s`` is
     each model's share of a temporal cycle. ``hardware`` defaults to the scenario's.
-    ``xfer_budget`` is B_xfer in ``XFER_BLOCK_BYTES`` blocks (default
-    ``XFER_BUDGET_BLOCKS``). ``alpha``, ``beta_b`` and ``beta_f`` are the VLT's,
+    ``xfer_budget`` is B_xfer in ``XFER_BLOCK_BYTES`` blocks; by default
+    ``XFER_BUDGET_BLOCKS`` of them, at most ``XFER_POOL_SHARE`` of the scenario's KV
+    pool (its models' KV floors). ``alpha``, ``beta_b`` and ``beta_f`` are the VLT's,
     ``swap_bandwidth_scale`` scales every copy bandwidth, ``sharegpt`` draws request
     lengths from a ShareGPT file; a ``trace`` (JSONL, every model named in it served
     here) replaces the generated requests at every rate and in every sharing mode.
@@ -125,8 +143,11 @@ class ScenarioSpec:
     @property
     def xfer_budget_bytes(self) -> int:
         """B_xfer in bytes per step."""
-        blocks = XFER_BUDGET_BLOCKS if self.xfer_budget is None else self.xfer_budget
-        return blocks * XFER_BLOCK_BYTES
+        if self.xfer_budget is not None:
+            return self.xfer_budget * XFER_BLOCK_BYTES
+        floors = get_scenario(self.scenario).kv_floors(get_profile(self.hardware_name).hbm_bytes)
+        pool = sum(floors.values())
+        return min(XFER_BUDGET_BLOCKS * XFER_BLOCK_BYTES, int(XFER_POOL_SHARE * pool))
 
     def workload(self, sharing: str, rate: float) -> list[WorkloadRequest]:
         """The same requests for every variant at one rate and sharing mode."""

@@ -12,7 +12,7 @@ import pytest
 
 from shunter.engine.sim.hardware import GB, MiB, gh200_96g
 from shunter.engine.sim.scenario import SCENARIOS, VARIANTS, get_scenario
-from shunter.engine.sim.scenario_sweep import ScenarioSpec
+from shunter.engine.sim.scenario_sweep import XFER_POOL_SHARE, ScenarioSpec
 from shunter.engine.sim.switch import SwitchCosts
 
 
@@ -55,7 +55,7 @@ def test_switches_cost_only_between_temporal_models() -> None:
 
 
 _RUN_C2 = """
-from shunter.engine.sim.scenario_sweep import ScenarioSpec
+from shunter.engine.sim.scenario_sweep import XFER_POOL_SHARE, ScenarioSpec
 from shunter.engine.sim.runner import simulate
 spec = ScenarioSpec("c2", ("temporal",), ("oneiros",), (2.0,), duration_s=35.0)
 run = simulate(spec.sim_config("oneiros", "temporal"), spec.workload("temporal", 2.0))
@@ -112,3 +112,11 @@ def test_the_transfer_budget_counts_4_mib_blocks_whatever_the_models_blocks() ->
     assert largest != 4 * MiB  # opt-30b's 16-token blocks are not SuperInfer's
     assert spec.xfer_budget_bytes == 300 * 4 * MiB
     assert config.scheduler.xfer_budget_blocks == 300 * 4 * MiB // largest
+
+
+def test_the_default_transfer_budget_is_at_most_superinfers_share_of_the_pool() -> None:
+    assert 0.156 < XFER_POOL_SHARE < 0.158
+    for name in ("c1", "c2"):
+        spec = ScenarioSpec(name, ("temporal",), ("rotasched",), (2.0,))
+        pool = sum(get_scenario(name).kv_floors(gh200_96g.hbm_bytes).values())
+        assert spec.xfer_budget_bytes == int(XFER_POOL_SHARE * pool) < 2400 * 4 * MiB
