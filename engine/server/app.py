@@ -15,6 +15,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -104,6 +105,7 @@ async def health(request: web.Request) -> web.Response:
 
 async def list_models(request: web.Request) -> web.Response:
     state = request.app[STATE]
+    state.engine_loop()  # 503 without an engine
     data = [
         {
             "id": name,
@@ -124,30 +126,43 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def admin_state(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    snapshot = await state.loop.call(lambda: engine_state(state.loop, state.models))
+    loop, models = state.loop, state.models
+    if loop is None:
+        snapshot: dict[str, Any] = {"models": {}, "error": state.failure}
+    else:
+        snapshot = await loop.call(lambda: engine_state(loop, models))
+        snapshot["error"] = None
     snapshot["draining"] = state.draining
+    snapshot["reconciling"] = state.reconciling
     return web.json_response(snapshot)
 
 
 async def admin_drain(request: web.Request) -> web.Response:
     state = request.app[STATE]
     state.draining = True
-    return web.json_response({"draining": True, "streams": state.loop.num_streams})
+    streams = 0 if state.loop is None else state.loop.num_streams
+    return web.json_response({"draining": True, "streams": streams})
 
 
 async def _start(app: web.Application) -> None:
-    app[STATE].loop.start()
+    app[STATE].engine_loop().start()
 
 
 async def _shutdown(app: web.Application) -> None:
     state = app[STATE]
     state.draining = True
     deadline = time.monotonic() + state.grace_s
-    while state.loop.num_streams and time.monotonic() < deadline:
+    while state.loop is not None and state.loop.num_streams and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    # Anything still running gets an abort delta and ends its response.
-    await asyncio.to_thread(state.loop.stop)
+    await _stop_loop(state)
 
 
 async def _cleanup(app: web.Application) -> None:
-    await asyncio.to_thread(app[STATE].loop.stop)
+    await _stop_loop(app[STATE])
+
+
+async def _stop_loop(state: ServerState) -> None:
+    """Stop the engine loop if there is one: anything still running gets an abort delta
+    and ends its response."""
+    if state.loop is not None:
+        await asyncio.to_thread(state.loop.stop)

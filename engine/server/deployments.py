@@ -19,15 +19,20 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
+import gc
 import logging
 import time
 from typing import Any
 
+import torch
 from aiohttp import web
 
 from shunter.engine.exec.generate_input import GenerateError
 from shunter.engine.server.context import STATE, ServerState
 from shunter.engine.server.errors import ApiError, bad_request
+from shunter.engine.server.loop import EngineLoop
+from shunter.engine.server.models import ServedModel
 from shunter.engine.server.openai_api import read_json
 from shunter.engine.server.serve import engine_config, tenant_specs
 from shunter.engine.server.settings import (
@@ -60,8 +65,9 @@ async def put_deployments(request: web.Request) -> web.Response:
 
 
 async def reconcile(state: ServerState, desired: EngineSettings) -> dict[str, Any]:
-    """Serve ``desired``; what changed, by model name."""
-    current = {m.name: m for m in state.settings.models}
+    """Serve ``desired``; what changed, by model name. Without an engine (a reload that
+    failed) every desired model is loaded anew."""
+    current = {m.name: m for m in state.settings.models} if state.loop is not None else {}
     want = {m.name: m for m in desired.models}
     kept = current.keys() & want.keys()
     removed = sorted(current.keys() - want.keys())
@@ -96,36 +102,84 @@ async def _retenant(state: ServerState, desired: EngineSettings) -> None:
     KV bounds between two steps; a 400 (nothing changed) when a live request would no
     longer fit its model's bounds."""
     tenants = tenant_specs(desired)
-    core = state.loop.engine.core
+    loop = state.engine_loop()
+    core = loop.engine.core
 
     def apply() -> None:
         core.scheduler.set_tenants(tenants)
         core.config = dataclasses.replace(core.config, tenants=tenants)
 
     try:
-        await state.loop.call(apply)
+        await loop.call(apply)
     except ValueError as e:
         raise bad_request(f"The desired deployments cannot be applied now: {e}") from None
 
 
 async def _replace_engine(state: ServerState, desired: EngineSettings, ending: set[str]) -> None:
+    """Stop the old engine and free it (its device memory too) before building the
+    desired one, so both never need the device at once. When the desired set fails to
+    load the previous one is loaded again (a 500); when that fails too the server keeps
+    no engine (503 to generation requests, the error in ``/admin/state``) until a later
+    desired set loads."""
+    if state.loop is not None:
+        await _stop_engine(state, ending)
+    try:
+        loop, served = await asyncio.to_thread(state.build, desired)
+    except Exception as e:
+        log.exception("building the desired deployments failed; restoring the previous set")
+        await asyncio.to_thread(_release_device_memory)
+        try:
+            loop, served = await asyncio.to_thread(state.build, state.settings)
+        except Exception as again:
+            log.exception("restoring the previous deployments failed too")
+            await asyncio.to_thread(_release_device_memory)
+            state.failure = (
+                f"loading the desired deployments failed ({e}), and so did loading the "
+                f"previous ones again ({again}); PUT /admin/deployments to load a set"
+            )
+            raise ApiError(
+                500,
+                f"Loading the desired deployments failed, and so did restoring the previous "
+                f"set: the engine serves no models. {state.failure}.",
+                type="server_error",
+            ) from None
+        _serve(state, loop, served, state.settings)
+        raise ApiError(
+            500,
+            f"Loading the desired deployments failed ({e}); the previous set is served again.",
+            type="server_error",
+        ) from None
+    _serve(state, loop, served, desired)
+
+
+async def _stop_engine(state: ServerState, ending: set[str]) -> None:
+    """End the requests of ``ending`` models at once, give the others the grace period,
+    stop the engine loop and drop every reference to its engine."""
     old = state.loop
-    await old.call(lambda: old.abort_models(ending, "the model was removed or reloaded"))
+    assert old is not None
+    await old.call(functools.partial(old.abort_models, ending, "the model was removed or reloaded"))
     deadline = time.monotonic() + state.grace_s
     while old.num_streams and time.monotonic() < deadline:
         await asyncio.sleep(0.02)
     await asyncio.to_thread(old.stop, "the engine is reloading its models")
-    try:
-        loop, served = await asyncio.to_thread(state.build, desired)
-    except Exception:
-        log.exception("building the desired deployments failed; restoring the previous set")
-        loop, served = await asyncio.to_thread(state.build, state.settings)
-        loop.start()
-        state.loop, state.models = loop, served
-        raise ApiError(
-            500,
-            "Loading the desired deployments failed; the previous set is served again.",
-            type="server_error",
-        ) from None
+    state.loop, state.models = None, {}
+    del old
+    await asyncio.to_thread(_release_device_memory)
+
+
+def _release_device_memory() -> None:
+    """Collect the engines nothing refers to any more and hand their device memory back
+    to the driver, so the next build finds it free."""
+    gc.collect()
+    if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        torch.cuda.empty_cache()
+
+
+def _serve(
+    state: ServerState,
+    loop: EngineLoop,
+    served: dict[str, ServedModel],
+    settings: EngineSettings,
+) -> None:
     loop.start()
-    state.loop, state.models, state.settings = loop, served, desired
+    state.loop, state.models, state.settings, state.failure = loop, served, settings, None

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import math
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -156,7 +157,7 @@ EXTRAS = ("return_token_ids",)
 
 async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
     state: ServerState = request.app[STATE]
-    t_arr = state.loop.engine.core.clock.now()
+    t_arr = state.engine_loop().engine.core.clock.now()
     body = await read_json(request)
     name = model_name(body)
     served = state.models.get(name)
@@ -187,16 +188,21 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
                 params = dataclasses.replace(params, seed=(params.seed + i) % 2**63)
             streams.append(Stream(index, name, prompt, params, slo, sink, loop, t_arr, tenant))
             choices.append(_Choice(index, len(prompt)))
-    engine_loop = state.loop  # PUT /admin/deployments may replace state.loop meanwhile
+    # PUT /admin/deployments may replace state.loop meanwhile; a weak reference, so a
+    # reload can free the old engine while this handler still writes its last chunks.
+    engine_loop = state.engine_loop()
     engine_loop.submit(streams)
+    loop_ref = weakref.ref(engine_loop)
+    del engine_loop
     try:
         if gen.stream:
             return await _stream(request, call, gen, choices, sink)
         return await _collect(call, gen, choices, sink)
     finally:
-        for stream, c in zip(streams, choices, strict=True):
-            if c.finish_reason is None:
-                engine_loop.abort(stream)
+        if (running := loop_ref()) is not None:
+            for stream, c in zip(streams, choices, strict=True):
+                if c.finish_reason is None:
+                    running.abort(stream)
 
 
 async def _deltas(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -110,9 +112,7 @@ def test_reconfigure_in_place(srv: ServerThread, model_dirs: dict[str, Path]) ->
     assert _complete(srv, "llama") == 200
 
 
-def test_max_context_is_a_live_reconfigure(
-    srv: ServerThread, model_dirs: dict[str, Path]
-) -> None:
+def test_max_context_is_a_live_reconfigure(srv: ServerThread, model_dirs: dict[str, Path]) -> None:
     loop = srv.state.loop
     own = srv.state.models["llama"].spec.max_context
     state = request("GET", srv.url + "/admin/state").json()["models"]["llama"]
@@ -190,3 +190,75 @@ def test_bad_desired_sets_change_nothing(srv: ServerThread, body: Any) -> None:
     r = _put(srv, body)
     assert r.status_code == 400 and "error" in r.json()
     assert srv.state.loop is loop and _models(srv) == ["llama"]
+
+
+def _broken_copy(source: Path, dest: Path) -> Path:
+    """A copy of a model directory whose config and tokenizer are fine but whose weights
+    file is not a safetensors file: it passes the checks and fails to load."""
+    shutil.copytree(source, dest)
+    (dest / "model.safetensors").write_bytes(b"not safetensors")
+    return dest
+
+
+def test_a_rebuild_frees_the_old_engine_before_building_the_new(
+    srv: ServerThread, model_dirs: dict[str, Path]
+) -> None:
+    old_engine = weakref.ref(srv.state.engine_loop().engine)
+    build = srv.state.build
+    freed_first: list[bool] = []
+
+    def build_after_checking(settings: EngineSettings) -> Any:
+        freed_first.append(old_engine() is None)
+        return build(settings)
+
+    srv.state.build = build_after_checking
+    # A stream in flight while the engine is replaced must not keep the old one alive.
+    loop, task = _long_stream(srv, max_tokens=1500)
+    r = _put(srv, {"models": [{"name": "qwen", "path": str(model_dirs["tiny-qwen2"])}]})
+    assert r.status_code == 200, r.text
+    assert freed_first == [True]
+    loop.run_until_complete(task)
+    loop.close()
+
+
+def test_a_desired_set_that_fails_to_load_serves_the_previous_set_again(
+    srv: ServerThread, model_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    broken = _broken_copy(model_dirs["tiny-qwen2"], tmp_path / "qwen")
+    llama = {"name": "llama", "path": str(model_dirs["tiny-llama"]), "sharing": "temporal"}
+    r = _put(srv, {"models": [llama, {"name": "qwen", "path": str(broken)}]})
+    assert r.status_code == 500 and "served again" in r.json()["error"]["message"]
+    assert _models(srv) == ["llama"] and _complete(srv, "llama") == 200
+    assert request("GET", srv.url + "/admin/state").json()["error"] is None
+
+
+def test_when_both_loads_fail_the_server_answers_503_until_a_set_loads(
+    model_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    llama_dir = tmp_path / "llama"
+    shutil.copytree(model_dirs["tiny-llama"], llama_dir)
+    settings = EngineSettings(models=(ModelArg("llama", llama_dir),), grace_s=0.2)
+    server = ServerThread(build_state(settings, torch.device("cpu"), check_integrity=True))
+    try:
+        weights = (llama_dir / "model.safetensors").read_bytes()
+        # The served model's directory breaks under it: reloading it fails too.
+        (llama_dir / "model.safetensors").write_bytes(b"not safetensors")
+        broken = _broken_copy(model_dirs["tiny-qwen2"], tmp_path / "qwen")
+        llama = {"name": "llama", "path": str(llama_dir)}
+        r = _put(server, {"models": [llama, {"name": "qwen", "path": str(broken)}]})
+        assert r.status_code == 500 and "serves no models" in r.json()["error"]["message"]
+        for method, path in (("POST", "/v1/completions"), ("GET", "/v1/models")):
+            body = json.dumps({"model": "llama", "prompt": "hi"}).encode()
+            r = request(method, server.url + path, body=body if method == "POST" else None)
+            assert r.status_code == 503, (path, r.text)
+            assert "serves no models" in r.json()["error"]["message"]
+        state = request("GET", server.url + "/admin/state").json()
+        assert state["models"] == {} and "previous ones again" in state["error"]
+        # A desired set that loads brings the server back.
+        (llama_dir / "model.safetensors").write_bytes(weights)
+        r = _put(server, {"models": [llama]})
+        assert r.status_code == 200 and r.json()["added"] == ["llama"], r.text
+        assert _complete(server, "llama") == 200
+        assert request("GET", server.url + "/admin/state").json()["error"] is None
+    finally:
+        server.close()
