@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
+from shunter.engine.exec.serving import model_specs
+from shunter.engine.exec.sizing import BLOCK_TOKENS
+from shunter.engine.server.models import ModelArg
+from shunter.engine.server.serve import build_state
+from shunter.engine.server.settings import EngineSettings
 from tests.engine.server.conftest import TOKEN, ServerThread, assert_no_leaks, request
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -146,3 +153,33 @@ def test_a_bad_slo_header_is_a_400(server: ServerThread, header: str) -> None:
     r = request("POST", server.url + "/v1/completions", body=body, headers=headers)
     assert r.status_code == 400 and "X-Shunter-Slo" in r.json()["error"]["message"]
     assert_no_leaks(server.engine_state())
+
+
+def test_a_request_beyond_the_models_kv_blocks_is_a_503(model_dirs: dict[str, Path]) -> None:
+    # A KV ceiling of 8 blocks: within the context, beyond what the engine can ever hold.
+    spec = model_specs({"llama": model_dirs["tiny-llama"]})[0]
+    ceiling = 8 * spec.block_bytes(BLOCK_TOKENS)
+    settings = EngineSettings(
+        models=(ModelArg("llama", model_dirs["tiny-llama"], kv_ceiling=ceiling),),
+        kv_tokens=4096,
+    )
+    server = ServerThread(build_state(settings, torch.device("cpu"), check_integrity=True))
+    try:
+        blocks = server.engine_state()["models"]["llama"]["kv_blocks_total"]
+        assert 0 < blocks * BLOCK_TOKENS < spec.max_context
+        url = server.url + "/v1/completions"
+        too_long = {"model": "llama", "prompt": [1] * 10, "max_tokens": blocks * BLOCK_TOKENS}
+        for stream in (False, True):
+            r = request("POST", url, body=json.dumps({**too_long, "stream": stream}).encode())
+            assert r.status_code == 503, r.text
+            error = r.json()["error"]
+            assert error["type"] == "service_unavailable"
+            message = error["message"]
+            assert "cannot admit" in message and f"has {blocks}" in message
+            assert f"max_tokens {blocks * BLOCK_TOKENS}" in message
+        assert_no_leaks(server.engine_state())
+        fits = {**too_long, "max_tokens": 4}
+        assert request("POST", url, body=json.dumps(fits).encode()).status_code == 200
+        assert_no_leaks(server.wait_idle())
+    finally:
+        server.close()
