@@ -14,6 +14,8 @@ production deployment comes from environment variables:
   ``CSRF_TRUSTED_ORIGINS`` (comma-separated).
 - ``SHUNTER_VAR_DIR`` (default ``./var``), ``SHUNTER_HTTPS`` (default: not
   DEBUG; secure cookies, HTTPS redirect and HSTS), ``SHUNTER_LOG_LEVEL``.
+- ``SHUNTER_GATEWAY_READ_TIMEOUT_S`` (default 600): how long the gateway waits for an
+  engine's whole non-streamed answer before a 504 ``engine_unavailable``.
 """
 
 from __future__ import annotations
@@ -199,6 +201,8 @@ WHITENOISE_USE_FINDERS = not STATIC_MANIFEST
 WHITENOISE_AUTOREFRESH = DEBUG
 
 LOGIN_URL = "admin:login"
+
+GATEWAY_READ_TIMEOUT_S = float(os.environ.get("SHUNTER_GATEWAY_READ_TIMEOUT_S", "600"))
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
 

@@ -13,5 +13,6 @@ def model_not_found(model: str) -> ApiError:
     )
 
 
-def engine_unavailable(message: str) -> ApiError:
-    return ApiError(503, message, type="service_unavailable", code="engine_unavailable")
+def engine_unavailable(message: str, *, status: int = 503) -> ApiError:
+    """The engine cannot answer: unreachable or broken (503), or silent too long (504)."""
+    return ApiError(status, message, type="service_unavailable", code="engine_unavailable")

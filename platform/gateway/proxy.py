@@ -7,12 +7,19 @@ engine's cookie is no client's). Streams are relayed event
 by event as they arrive, never buffered; the engine is always asked for usage
 (``stream_options.include_usage``) so streamed tokens count against quotas like
 non-streamed ones, and the usage chunk is dropped when the client did not ask for it.
+A stream that ends before its usage chunk counts the prompt the engine reported in
+``X-Shunter-Prompt-Tokens``.
+
+Reads time out: an engine streams an event or a keep-alive comment every few seconds,
+so a stream silent for ``STREAM_IDLE_S`` is ended like a broken one (a terminating
+``engine_unavailable`` event); a non-streamed answer may take up to the
+``GATEWAY_READ_TIMEOUT_S`` setting, then the client gets a 504 ``engine_unavailable``.
 
 Timing (ARCHITECTURE.md's definitions, measured at the gateway): TTFT from the request's
 arrival to the first chunk that carries output; ITL between consecutive output chunks
 of a choice (max ITL kept); TPOT = (last - first) / (tokens per choice - 1). A
 non-streamed response shows all its tokens at once: TTFT is its end-to-end time, and its
-TPOT and max ITL are 0.
+TPOT and max ITL are unknown (None), as is whether it met its TBT target.
 
 When the response ends, however it ends (done, engine failure, client gone), a task
 gives back the concurrency lease, counts the tokens and writes the RequestRecord, off the
@@ -36,6 +43,7 @@ from typing import Any
 
 import aiohttp
 import yarl
+from django.conf import settings
 
 from shunter.engine.server.errors import ApiError
 from shunter.platform.gateway.errors import engine_unavailable
@@ -47,14 +55,22 @@ from shunter.tenants.quotas import Admission, LoopLocal, quota_limiter
 log = logging.getLogger("shunter.gateway")
 
 CONNECT_TIMEOUT_S = 1.0
+# The longest silence of a stream (no event, no keep-alive) before it counts as broken.
+STREAM_IDLE_S = 30.0
+PROMPT_TOKENS_HEADER = "X-Shunter-Prompt-Tokens"
 DONE = b"data: [DONE]\n\n"
+
+
+def read_timeout(read_s: float | None) -> aiohttp.ClientTimeout:
+    """Connecting within ``CONNECT_TIMEOUT_S``, then at most ``read_s`` between reads."""
+    return aiohttp.ClientTimeout(
+        total=None, connect=CONNECT_TIMEOUT_S, sock_connect=CONNECT_TIMEOUT_S, sock_read=read_s
+    )
 
 
 def _new_session() -> aiohttp.ClientSession:
     return aiohttp.ClientSession(
-        timeout=aiohttp.ClientTimeout(
-            total=None, connect=CONNECT_TIMEOUT_S, sock_connect=CONNECT_TIMEOUT_S
-        ),
+        timeout=read_timeout(None),
         connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
         cookie_jar=aiohttp.DummyCookieJar(),
     )
@@ -157,6 +173,7 @@ class Exchange:
         self.wants_usage = False
         self.done = False
         self.usage: dict[str, Any] = {}
+        self.reported_prompt_tokens = 0  # X-Shunter-Prompt-Tokens
         self.status = "ok"
         self.error_type = ""
         self.http_status = 200
@@ -174,17 +191,22 @@ class Exchange:
                 self.wants_usage = bool(options and options.get("include_usage") is True)
                 body["stream_options"] = {**(options or {}), "include_usage": True}
         path = "chat/completions" if self.endpoint == "chat" else "completions"
+        read_s = STREAM_IDLE_S if self.stream else settings.GATEWAY_READ_TIMEOUT_S
         try:
             upstream = await sessions.get().post(
                 engine_url(self.route, path),
                 data=json.dumps(body).encode(),
                 headers=self._upstream_headers(),
+                timeout=read_timeout(read_s),
             )
+        except aiohttp.SocketTimeoutError as e:
+            return self._timed_out(read_s, e)
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
             return self._unavailable(f"The engine of {self.route.model_name!r} is unreachable", e)
         except BaseException:
             self._end("aborted", "client_disconnected", 499)
             raise
+        self.reported_prompt_tokens = _count(upstream.headers.get(PROMPT_TOKENS_HEADER))
         if upstream.status != 200:
             return await self._pass_error(upstream)
         if upstream.content_type == "text/event-stream":
@@ -210,17 +232,24 @@ class Exchange:
         reply.headers.update(self.admission.headers())
         return reply
 
-    def _unavailable(self, what: str, e: BaseException) -> Reply:
+    def _unavailable(self, what: str, e: BaseException, status: int = 503) -> Reply:
         log.warning("%s (request %s): %r", what, self.request_id, e)
-        error = engine_unavailable(f"{what}; try again later.")
-        self._end("error", "engine_unavailable", 503)
+        error = engine_unavailable(f"{what}; try again later.", status=status)
+        self._end("error", "engine_unavailable", status)
         return error_reply(error, self.request_id, self.admission.headers())
+
+    def _timed_out(self, read_s: float, e: BaseException) -> Reply:
+        what = f"The engine of {self.route.model_name!r} sent nothing for {read_s:g} s"
+        return self._unavailable(what, e, status=504)
 
     async def _read(self, upstream: aiohttp.ClientResponse) -> bytes | Reply:
         """The engine's whole answer, or the 503 for an engine that failed while
-        answering; a client that leaves ends the exchange as aborted."""
+        answering (504: that went silent); a client that leaves ends the exchange as
+        aborted."""
         try:
             return await upstream.read()
+        except aiohttp.SocketTimeoutError as e:
+            return self._timed_out(settings.GATEWAY_READ_TIMEOUT_S, e)
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
             return self._unavailable("The engine failed while answering", e)
         except BaseException:
@@ -260,9 +289,10 @@ class Exchange:
         return self._decorate(Reply(200, body=raw))
 
     async def _relay(self, upstream: aiohttp.ClientResponse) -> AsyncGenerator[bytes, None]:
-        """The engine's events as they arrive. An engine that stops before ``[DONE]``
-        gets the client a terminating error event; a client that leaves closes the
-        upstream connection, which aborts the request in the engine."""
+        """The engine's events as they arrive. An engine that stops before ``[DONE]``, or
+        sends nothing for ``STREAM_IDLE_S``, gets the client a terminating error event; a
+        client that leaves closes the upstream connection, which aborts the request in
+        the engine."""
         buffer = b""
         try:
             async for data in upstream.content.iter_any():
@@ -281,7 +311,11 @@ class Exchange:
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
             log.warning("engine stream of request %s broke: %r", self.request_id, e)
             self._end("error", "engine_unavailable", 200)
-            error = engine_unavailable("The engine stopped in the middle of the response.")
+            if isinstance(e, aiohttp.SocketTimeoutError):
+                what = f"The engine sent nothing for {STREAM_IDLE_S:g} s"
+            else:
+                what = "The engine stopped"
+            error = engine_unavailable(f"{what} in the middle of the response.")
             yield b"data: " + json.dumps(error.body()).encode() + b"\n\n" + DONE
         except BaseException:
             self._end("aborted", "client_disconnected", 499)
@@ -342,14 +376,17 @@ class Exchange:
         """The RequestRecord of this exchange (request_record_create's arguments)."""
         t = self.timing
         t_end = self.t_end if self.t_end is not None else time.perf_counter()
-        prompt = int(self.usage.get("prompt_tokens") or 0)
-        completion = int(self.usage.get("completion_tokens") or t.token_chunks)
+        # Without the usage chunk (a stream that ended early), the engine's header.
+        prompt = _count(self.usage.get("prompt_tokens")) or self.reported_prompt_tokens
+        completion = _count(self.usage.get("completion_tokens")) or t.token_chunks
         ttft_ms = tpot_ms = max_itl_ms = None
         if t.first is not None and t.last is not None:
             ttft_ms = 1000 * (t.first - t.t0)
             per_choice = completion / t.num_choices
-            tpot_ms = 1000 * (t.last - t.first) / (per_choice - 1) if per_choice > 1 else None
-            max_itl_ms = 1000 * t.max_gap if t.token_chunks > 1 or not self.stream else None
+            if self.stream and per_choice > 1:
+                tpot_ms = 1000 * (t.last - t.first) / (per_choice - 1)
+            if self.stream and t.token_chunks > 1:
+                max_itl_ms = 1000 * t.max_gap
         return {
             "request_id": self.request_id,
             "model_name": self.route.model_name,
@@ -515,6 +552,16 @@ def tenant_label(grant: KeyGrant) -> str:
     if name.isascii() and name.isprintable() and "," not in name:
         return name
     return f"tenant-{grant.tenant_id}"
+
+
+def _count(value: Any) -> int:
+    """A token count as an engine gave it (a header or a usage field); 0 when it is not
+    a non-negative integer."""
+    try:
+        count = int(value)
+    except (TypeError, ValueError):
+        return 0
+    return max(count, 0)
 
 
 def _error_of(raw: bytes) -> ApiError | None:
