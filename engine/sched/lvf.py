@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator
+from itertools import chain
 from operator import attrgetter
 
 from shunter.engine.request import Request, vlts
@@ -10,73 +11,89 @@ from shunter.engine.sched.policy import Decision, Policy, PolicyInput, by_arriva
 
 
 class LvfPolicy(Policy):
-    """Largest-VLT-First, every step:
+    """Largest-VLT-First, every step, over two resources: free device blocks and free
+    running slots (the running cap).
 
-    1. Contention check: if the free device blocks hold every waiting and rotary
-       request that can be admitted this step, admit in arrival order (FCFS) and stop.
+    1. Contention check: if the free blocks hold every waiting and rotary request and
+       the free slots take them all, admit in arrival order (FCFS) and stop.
     2. Sort all requests by VLT, descending.
     3. Prioritize: with ``left = free + B_xfer``, take non-running requests with
-       VLT >= 0 from the head whose blocks fit in ``left``, at most as many as there
-       are free running slots.
-    4. Preempt: ``need = B_xfer - left``; from the tail, preempt running requests with
-       VLT < 0 (whose KV host memory can take) until ``need`` blocks are freed.
+       VLT >= 0 from the head whose blocks fit in ``left``, as long as a slot is free
+       or can be freed: by preempting one more running request with VLT < 0 from the
+       tail while the blocks of those so taken stay below B_xfer (B_xfer bounds what a
+       step rotates, for slots as for blocks).
+    4. Preempt: ``need = B_xfer - left`` blocks and as many slots as the prioritized
+       requests lack; from the tail, preempt running requests with VLT < 0 (whose KV
+       host memory can take) until both are covered.
 
-    This is Algorithm 1 of the paper as long as the running cap leaves a slot for every
-    candidate. When it does not, the cap, not HBM, limits admission, so LVF counts only
-    what the free slots can take: the check looks at the FCFS head that fills them, and
-    prioritization stops when they are full. Rotation then frees blocks for requests
-    that will run, never slots: preempting a running request to hand its slot to
-    another moves its KV both ways and adds no running request. With no free slot LVF
-    falls back to FCFS and rotates nothing.
+    With a slot for every candidate this is Algorithm 1 of the paper: the check is its
+    line 3, the slot count never binds and the preemption stops on blocks alone. The
+    slot count only adds what the cap demands: a request is prioritized only if a slot
+    is free or can be freed for it, and a request is preempted only while the
+    prioritized ones lack blocks or slots, so nothing is rotated out for blocks or
+    slots that no prioritized request will use.
 
     Running requests have VLT <= 0 and the others VLT >= 0, so the sorted list is the
     non-running requests by VLT followed by the running ones by VLT; sorting the two
     groups apart gives the same order (Python's sort is stable) at lower cost. Each
-    request's VLT is computed once per step.
+    request's VLT is computed once per step, and the tail is sorted only when a
+    preemption is considered.
     """
 
     name = "lvf"
 
     def schedule(self, state: PolicyInput) -> Decision:
-        blk, free, slots = state.blk, state.num_free_blocks, state.num_free_slots
+        free, slots = state.num_free_blocks, state.num_free_slots
         candidates = [*state.waiting, *state.rotary]
-        # The contention check, on what the free running slots can admit this step.
-        if slots >= len(candidates):
-            costs = state.blks(candidates)
-            if free >= sum(costs):
-                return Decision(admit=by_arrival(candidates))
-        else:
-            fcfs = by_arrival(candidates)
-            if free >= sum(state.blks(fcfs[:slots])):
-                return Decision(admit=fcfs)
-            costs = state.blks(candidates)
+        costs = state.blks(candidates)
+        if len(candidates) <= slots and sum(costs) <= free:
+            return Decision(admit=by_arrival(candidates))
 
-        now = state.now
-        head = sorted(range(len(candidates)), key=vlts(candidates, now).__getitem__, reverse=True)
-        left = free + state.xfer_budget
+        head = sorted(
+            range(len(candidates)), key=vlts(candidates, state.now).__getitem__, reverse=True
+        )
+        xfer = state.xfer_budget
+        tail = _tail_first(state)
+        victims: list[Request] = []  # the head of ``tail``, pulled as slots are needed
+        victim_blocks = 0
+        left = free + xfer
         decision = Decision()
-        for i in head:
-            if left <= 0 or len(decision.admit) == slots:
+        admit = decision.admit
+        for i in head:  # every non-running VLT is >= 0
+            if left <= 0:
                 break
-            if costs[i] <= left:  # every non-running VLT is >= 0
-                decision.admit.append(candidates[i])
+            if len(admit) >= slots + len(victims):
+                # Another slot, from the tail, while the transfer budget lasts.
+                victim = next(tail, None) if victim_blocks < xfer else None
+                if victim is None:
+                    break
+                victims.append(victim)
+                victim_blocks += state.blk(victim)
+            if costs[i] <= left:
+                admit.append(candidates[i])
                 left -= costs[i]
 
-        need = state.xfer_budget - left
-        for r in _tail_first(state.running, now):
-            if need <= 0:
+        need_blocks = xfer - left
+        need_slots = len(admit) - slots
+        for r in chain(victims, tail):
+            if need_blocks <= 0 and need_slots <= 0:
                 break
-            if state.can_rotate(r):
-                decision.preempt.append(r)
-                need -= blk(r)
+            decision.preempt.append(r)
+            need_blocks -= state.blk(r)
+            need_slots -= 1
         return decision
 
 
-def _tail_first(running: Sequence[Request], now: float) -> list[Request]:
-    """Running requests with VLT < 0 in reversed sorted order: smallest VLT first.
+def _tail_first(state: PolicyInput) -> Iterator[Request]:
+    """The running requests LVF may preempt (VLT < 0, host memory can take their KV),
+    smallest VLT first: the reversed sorted order.
 
     VLT = -(now - t_run), so ascending VLT is ascending t_run; ties keep the reversed
-    order of the stable descending sort. (Every running request has a ``t_run``.)
+    order of the stable descending sort. (Every running request has a ``t_run``.) Lazy:
+    the sort runs at the first request asked for.
     """
-    eligible = [r for r in running if r.t_run is not None and r.t_run < now]
-    return sorted(reversed(eligible), key=attrgetter("t_run"))
+    now = state.now
+    eligible = [r for r in state.running if r.t_run is not None and r.t_run < now]
+    for r in sorted(reversed(eligible), key=attrgetter("t_run")):
+        if state.can_rotate(r):
+            yield r

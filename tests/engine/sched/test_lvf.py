@@ -139,64 +139,152 @@ CASES = [
 ]
 
 
-# The running cap, not HBM, limits admission: LVF counts only what the free slots take.
+# Two resources: free blocks and free running slots. A request is prioritized only if a
+# slot is free or preempting can free one; preemption stops when both deficits are covered.
 CAP_CASES = [
     Case(
-        "cap: free blocks hold the FCFS head that fills the slots: FCFS, no rotation",
+        "cap: a slot and blocks for every candidate: FCFS by arrival, no rotation",
         [
             ("run", R, 4, {"t_run": 0.0}),
-            ("w_old", W, 1, {"t_arr": 0.0}),
-            ("w_big", W, 9, {"t_arr": 1.0}),
-            ("s", S, 5, {"t_arr": 0.5, "t_last": 9.0}),
+            ("w", W, 2, {"t_arr": 1.0}),
+            ("s", S, 1, {"t_arr": 0.5, "t_last": 2.0}),
         ],
         now=10.0,
-        free=2,  # w_old fits; all three (15 blocks) would not: Algorithm 1 would rotate
+        free=3,
         xfer=10,
-        slots=1,
-        admit=["w_old", "s", "w_big"],
+        slots=2,
+        admit=["s", "w"],
     ),
     Case(
-        "cap: no free slot: nothing is rotated, however short memory is",
+        "cap: slots full, memory ample: a waiting request (VLT 0) preempts exactly one "
+        "running request with VLT < 0, the longest running",
+        [
+            ("w", W, 1, {"t_arr": 9.0}),  # within its TTFT tolerance: VLT 0
+            ("now", R, 2, {"t_run": 10.0}),  # VLT 0: never preempted
+            ("old", R, 2, {"t_run": 2.0}),
+            ("mid", R, 2, {"t_run": 6.0}),
+        ],
+        now=10.0,
+        free=100,
+        xfer=10,
+        slots=0,
+        admit=["w"],
+        preempt=["old"],
+    ),
+    Case(
+        "cap: slots full and no running request with VLT < 0: nothing prioritized, "
+        "nothing preempted",
+        [("w", W, 1, {"t_arr": 0.0}), ("now", R, 2, {"t_run": 10.0})],
+        now=10.0,
+        free=100,
+        xfer=10,
+        slots=0,
+        admit=[],
+    ),
+    Case(
+        "cap: memory ample, one free slot and one preemptible request: the two largest "
+        "VLTs are prioritized, the third waits",
+        [
+            ("s1", S, 1, {"t_arr": 0.0, "t_last": 6.0}),  # VLT 12
+            ("s2", S, 1, {"t_arr": 0.0, "t_last": 7.0}),  # VLT 9
+            ("w", W, 1, {"t_arr": 0.0}),  # VLT 7.5
+            ("r1", R, 1, {"t_run": 0.0}),
+            ("r2", R, 1, {"t_run": 10.0}),  # VLT 0
+        ],
+        now=10.0,
+        free=100,
+        xfer=1,
+        slots=1,
+        admit=["s1", "s2"],
+        preempt=["r1"],
+    ),
+    Case(
+        "cap: slots full, memory ample: slots are freed only while the victims' blocks "
+        "stay within B_xfer",
+        [
+            ("w1", W, 1, {"t_arr": 0.0}),
+            ("w2", W, 1, {"t_arr": 1.0}),
+            ("w3", W, 1, {"t_arr": 2.0}),
+            ("r1", R, 3, {"t_run": 0.0}),
+            ("r2", R, 3, {"t_run": 1.0}),
+            ("r3", R, 3, {"t_run": 2.0}),
+        ],
+        now=10.0,
+        free=100,
+        xfer=4,
+        slots=0,
+        admit=["w1", "w2"],  # r1 (3 blocks) is within 4, r2 takes the victims to 6
+        preempt=["r1", "r2"],
+    ),
+    Case(
+        "cap: slots full, memory ample, B_xfer = 0: no rotation, as without the cap",
+        [("w", W, 1, {"t_arr": 0.0}), ("run", R, 2, {"t_run": 0.0})],
+        now=10.0,
+        free=100,
+        xfer=0,
+        slots=0,
+        admit=[],
+    ),
+    Case(
+        "cap: no free slot, memory short: the waiting request takes the longest-running "
+        "request's slot and blocks",
         [("run", R, 4, {"t_run": 0.0}), ("w", W, 3, {"t_arr": 0.0})],
         now=10.0,
         free=0,
         xfer=10,
         slots=0,
         admit=["w"],
+        preempt=["run"],
     ),
     Case(
-        "cap: memory short for the slot's head: one request prioritized, its blocks freed",
+        "cap: one preemption covers the block deficit and the slot deficit at once",
         [
-            ("w", W, 2, {"t_arr": 0.0}),  # VLT 7.5; FCFS head of the one slot: no room
-            ("w2", W, 2, {"t_arr": 1.0}),  # VLT 6.5
+            ("s1", S, 1, {"t_arr": 0.0, "t_last": 6.0}),
+            ("s2", S, 1, {"t_arr": 0.0, "t_last": 7.0}),
+            ("w", W, 1, {"t_arr": 0.0}),
+            ("r1", R, 1, {"t_run": 0.0}),
+            ("r2", R, 1, {"t_run": 1.0}),
+        ],
+        now=10.0,
+        free=2,
+        xfer=1,
+        slots=2,
+        admit=["s1", "s2", "w"],
+        preempt=["r1"],
+    ),
+    Case(
+        "cap: the slots run out before the blocks: the third largest VLT waits although "
+        "its blocks fit in left",
+        [
+            ("s1", S, 1, {"t_arr": 0.0, "t_last": 6.0}),
+            ("s2", S, 1, {"t_arr": 0.0, "t_last": 7.0}),
+            ("w", W, 1, {"t_arr": 0.0}),
+            ("r1", R, 1, {"t_run": 0.0}),
+            ("r2", R, 1, {"t_run": 10.0}),  # VLT 0
+        ],
+        now=10.0,
+        free=1,
+        xfer=2,
+        slots=1,
+        admit=["s1", "s2"],  # left = 3: 1 block left over, no slot for w
+        preempt=["r1"],  # need = 1 block and 1 slot
+    ),
+    Case(
+        "cap: the block deficit outlasts the slot deficit: preemption goes on for blocks",
+        [
             ("s", S, 3, {"t_arr": 0.0, "t_last": 7.0}),  # VLT 9
+            ("w", W, 2, {"t_arr": 0.0}),  # VLT 7.5
+            ("w2", W, 2, {"t_arr": 1.0}),  # VLT 6.5
             ("old", R, 2, {"t_run": 1.0}),
             ("mid", R, 2, {"t_run": 5.0}),
             ("new", R, 2, {"t_run": 8.0}),
         ],
         now=10.0,
-        free=0,
-        xfer=10,
+        free=1,
+        xfer=5,
         slots=1,
-        admit=["s"],  # left = 10 - 3, need = 3 (uncapped: all three, need = 7,
-        preempt=["old", "mid"],  # and every running request preempted)
-    ),
-    Case(
-        "cap: two slots: the third largest VLT waits although its blocks fit",
-        [
-            ("s1", S, 1, {"t_arr": 0.0, "t_last": 6.0}),  # VLT 12
-            ("s2", S, 1, {"t_arr": 0.0, "t_last": 7.0}),  # VLT 9
-            ("w", W, 1, {"t_arr": 0.0}),  # VLT 7.5
-            ("r1", R, 1, {"t_run": 0.0}),
-            ("r2", R, 1, {"t_run": 1.0}),
-            ("r3", R, 1, {"t_run": 2.0}),
-        ],
-        now=10.0,
-        free=0,
-        xfer=3,
-        slots=2,
-        admit=["s1", "s2"],
-        preempt=["r1", "r2"],
+        admit=["s", "w"],  # left = 6: s, w; w2 no longer fits; one slot short
+        preempt=["old", "mid"],  # need = 4 blocks: the slot is covered after old
     ),
     Case(
         "cap: a slot for every candidate: Algorithm 1 unchanged",
