@@ -33,16 +33,16 @@ SHARING_MODES = ("spatial", "temporal")
 class ModelArg:
     """One served model as configured: ``name``, directory, sharing mode, priority, the
     SLO class of its requests (None: the engine's default), its KV bounds in bytes
-    (``kv_floor`` kept for it alone; ``kv_ceiling`` None: unbounded) and ``max_context``,
-    the most tokens (prompt plus output) a request may take (None: the model's own
-    context length; a larger value is cut to it)."""
+    (``kv_floor`` kept for it alone, None: none; ``kv_ceiling`` None: unbounded) and
+    ``max_context``, the most tokens (prompt plus output) a request may take (None: the
+    model's own context length; a larger value is cut to it)."""
 
     name: str
     path: Path
     sharing: str = "spatial"
     priority: int = 0
     slo: SloSpec | None = None
-    kv_floor: int = 0
+    kv_floor: int | None = None
     kv_ceiling: int | None = None
     max_context: int | None = None
 
@@ -52,7 +52,8 @@ class ModelArg:
                 f"model {self.name!r}: sharing must be one of {', '.join(SHARING_MODES)}, "
                 f"got {self.sharing!r}"
             )
-        if self.kv_floor < 0 or (self.kv_ceiling is not None and self.kv_ceiling < self.kv_floor):
+        floor = self.kv_floor or 0
+        if floor < 0 or (self.kv_ceiling is not None and self.kv_ceiling < floor):
             raise ValueError(f"model {self.name!r}: need 0 <= kv_floor <= kv_ceiling")
         if self.max_context is not None and self.max_context < 1:
             raise ValueError(f"model {self.name!r}: max_context must be a positive token count")

@@ -55,7 +55,7 @@ def tenant_specs(settings: EngineSettings) -> tuple[TenantSpec, ...]:
             sharing=m.sharing,
             slo=m.slo,
             priority=m.priority,
-            kv_floor=m.kv_floor,
+            kv_floor=m.kv_floor or 0,
             kv_ceiling=m.kv_ceiling,
         )
         for m in settings.models

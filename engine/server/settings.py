@@ -191,7 +191,7 @@ def _model(spec: Any, slos: dict[str, SloSpec], where: str) -> ModelArg:
             sharing=spec.get("sharing", "spatial"),
             priority=int(spec.get("priority", 0)),
             slo=None if slo is None else slos[slo],
-            kv_floor=_bytes(spec, "kv_floor", where) or 0,
+            kv_floor=_bytes(spec, "kv_floor", where),
             kv_ceiling=_bytes(spec, "kv_ceiling", where),
             max_context=_typed(spec, "max_context", int, where),
         )

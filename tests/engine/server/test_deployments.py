@@ -116,7 +116,8 @@ def test_max_context_is_a_live_reconfigure(srv: ServerThread, model_dirs: dict[s
     loop = srv.state.loop
     own = srv.state.models["llama"].spec.max_context
     state = request("GET", srv.url + "/admin/state").json()["models"]["llama"]
-    assert (state["kv_floor"], state["kv_ceiling"], state["max_context"]) == (0, None, None)
+    # Unset limits are null, as the control plane sends them (left out).
+    assert (state["kv_floor"], state["kv_ceiling"], state["max_context"]) == (None, None, None)
     model = {
         "name": "llama",
         "path": str(model_dirs["tiny-llama"]),
@@ -131,7 +132,7 @@ def test_max_context_is_a_live_reconfigure(srv: ServerThread, model_dirs: dict[s
     listed = request("GET", srv.url + "/v1/models").json()["data"]
     assert [m["max_model_len"] for m in listed] == [64]
     state = request("GET", srv.url + "/admin/state").json()["models"]["llama"]
-    assert (state["kv_floor"], state["kv_ceiling"], state["max_context"]) == (0, 1 << 20, 64)
+    assert (state["kv_floor"], state["kv_ceiling"], state["max_context"]) == (None, 1 << 20, 64)
     body = json.dumps({"model": "llama", "prompt": [1] * 10, "max_tokens": 60}).encode()
     r = request("POST", srv.url + "/v1/completions", body=body)
     assert r.status_code == 400
