@@ -8,7 +8,7 @@ the arena (about 15k KV blocks of 4 MiB after the weights), default knobs (B_xfe
 of them run (``max_running = num_live``), so HBM, not the running cap, limits admission:
 memory is contended from a few hundred requests on, LVF rotates up to B_xfer blocks
 every step (the table shows how many it swapped in), FCFS preempts passively. (Under a
-cap that binds first, LVF rotates nothing and plans like FCFS.) The step loop is the
+cap that binds first, LVF rotates for slots as well, within the same B_xfer.) The step loop is the
 real EngineCore; the executor and transfer engine are instant stand-ins, since only
 planning is timed (``StepStats.schedule_s``: policy, memory verbs, batch building, eager
 rotation).
