@@ -554,7 +554,10 @@ def node_poll(*, node: Node) -> Polled:
     started = int(started) if isinstance(started, int | float) else None
     desired = desired_set(selectors.node_desired_deployments(node=node))
     restarted = node.engine_started is not None and started != node.engine_started
-    drift = bool(desired) and drifted(served_set(state), desired)
+    served = served_set(state)
+    drift = bool(desired) and drifted(served, desired)
+    if drift:
+        log.info("node %s serves %s, not the desired %s", node.name, served, desired)
     now = timezone.now()
     fields = {
         "status": Node.Status.HEALTHY,

@@ -73,6 +73,8 @@ def test_an_engine_killed_mid_stream_ends_the_stream_with_an_error(
     assert (record.status, record.error_type) == ("error", "engine_unavailable")
     assert not record.ttft_met and not record.tbt_met
     assert record.ttft_ms is not None and record.completion_tokens > 0
+    # No usage chunk came: the prompt is counted from the engine's response header.
+    assert record.prompt_tokens > 0
     # The dead engine refuses connections: the next request fails fast.
     started = time.monotonic()
     r = call("POST", world.gateway.url + "/v1/chat/completions", body, headers=bearer(secret))
