@@ -3,7 +3,9 @@
 Each choice is one engine request (a Stream). Streaming answers are server-sent events,
 one ``data: {...}`` chunk per step that made text visible, then ``data: [DONE]``. When
 the handler ends early (the client went away, the write failed, the server stops) every
-choice still running is aborted, which frees its blocks at once.
+choice still running is aborted, which frees its blocks at once. A whole (non-streamed)
+answer carries its token times as the engine saw them in ``X-Shunter-Timing``
+(``timing``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from aiohttp import web
 from shunter.engine.config import SloSpec
 from shunter.engine.exec.params import TokenLogprob
 from shunter.engine.exec.serving import DEFAULT_SLO
+from shunter.engine.interfaces import Clock
 from shunter.engine.server.context import REQUEST_ID, STATE, ServerState
 from shunter.engine.server.errors import ApiError, bad_request, model_not_found, unavailable
 from shunter.engine.server.logprobs import chat_logprobs, completion_logprobs
@@ -34,6 +37,7 @@ from shunter.engine.server.protocol import (
     parse_chat,
     parse_completion,
 )
+from shunter.engine.server.timing import TIMING_HEADER, response_timing
 
 
 @dataclass
@@ -157,7 +161,8 @@ EXTRAS = ("return_token_ids",)
 
 async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
     state: ServerState = request.app[STATE]
-    t_arr = state.engine_loop().engine.core.clock.now()
+    clock = state.engine_loop().engine.core.clock
+    t_arr = clock.now()
     body = await read_json(request)
     name = model_name(body)
     served = state.models.get(name)
@@ -197,7 +202,7 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
     try:
         if gen.stream:
             return await _stream(request, call, gen, choices, sink)
-        return await _collect(call, gen, choices, sink)
+        return await _collect(call, gen, choices, sink, streams, clock)
     finally:
         if (running := loop_ref()) is not None:
             for stream, c in zip(streams, choices, strict=True):
@@ -239,10 +244,17 @@ async def _collect(
     gen: GenerationRequest,
     choices: list[_Choice],
     sink: asyncio.Queue[tuple[int, Delta]],
+    streams: list[Stream],
+    clock: Clock,
 ) -> web.Response:
+    """The whole answer, with ``X-Shunter-Timing`` (its token times as the engine saw
+    them: nobody downstream can see them in a whole response)."""
     async for _, delta in _deltas(choices, sink):
         if delta.finish_reason == ABORTED:
             raise unavailable(f"The request was aborted: {delta.error}")
+    # Every choice has finished: the engine thread no longer touches its Request.
+    requests = [s.request for s in streams if s.request is not None]
+    timing = response_timing(requests, clock.now())
     body = call.envelope(
         [
             call.choice(c, c.text, c.token_ids, c.finish_reason, chunk=False, logprobs=c.logprobs)
@@ -251,7 +263,10 @@ async def _collect(
         chunk=False,
     )
     body["usage"] = usage(choices, gen.prompts)
-    return web.json_response(body, headers=prompt_tokens_header(gen))
+    headers = prompt_tokens_header(gen)
+    if timing is not None:
+        headers[TIMING_HEADER] = timing.header()
+    return web.json_response(body, headers=headers)
 
 
 def prompt_tokens_header(gen: GenerationRequest) -> dict[str, str]:
