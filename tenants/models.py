@@ -104,7 +104,8 @@ class RequestRecord(models.Model):
     (milliseconds) and whether it met its SLO class's TTFT and TBT targets.
 
     ``tpot_ms`` and ``tbt_met`` are None when the gateway cannot see the gaps between
-    tokens: a non-streamed response shows all of them at once. Unknown is not met."""
+    tokens: a non-streamed response shows all of them at once, and only Shunter's
+    engine reports them (``X-Shunter-Timing``). Unknown is not met."""
 
     class Endpoint(models.TextChoices):
         CHAT = "chat"

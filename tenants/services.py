@@ -213,8 +213,9 @@ def slo_flags(
 ) -> tuple[bool, bool | None]:
     """(TTFT met, TBT met) of one request under ``slo``. Failed and aborted requests miss
     both, as does a request without a class; a response of at most one token has no gaps
-    and meets TBT; one of more tokens without a TPOT (a non-streamed response, whose
-    gaps the gateway cannot see) has an unknown TBT: None, which no count takes as met."""
+    and meets TBT; one of more tokens without a TPOT (a non-streamed response from an
+    engine that does not send ``X-Shunter-Timing``, so the gateway cannot see its gaps)
+    has an unknown TBT: None, which no count takes as met."""
     if status != RequestRecord.Status.OK or slo is None:
         return False, False
     ttft_met = ttft_ms is not None and ttft_ms <= slo.ttft_ms

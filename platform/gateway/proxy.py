@@ -18,8 +18,11 @@ so a stream silent for ``STREAM_IDLE_S`` is ended like a broken one (a terminati
 Timing (ARCHITECTURE.md's definitions, measured at the gateway): TTFT from the request's
 arrival to the first chunk that carries output; ITL between consecutive output chunks
 of a choice (max ITL kept); TPOT = (last - first) / (tokens per choice - 1). A
-non-streamed response shows all its tokens at once: TTFT is its end-to-end time, and its
-TPOT and max ITL are unknown (None), as is whether it met its TBT target.
+non-streamed response shows all its tokens at once; the engine's ``X-Shunter-Timing``
+gives its TPOT and max ITL, and its TTFT is the gateway's end-to-end time less how long
+the engine held the answer after its first token (engine ``e2e_ms - ttft_ms``). From an
+engine without that header (vLLM) TTFT is the end-to-end time and TPOT, max ITL and
+whether it met its TBT target are unknown (None).
 
 When the response ends, however it ends (done, engine failure, client gone), a task
 gives back the concurrency lease, counts the tokens and writes the RequestRecord, off the
@@ -46,6 +49,7 @@ import yarl
 from django.conf import settings
 
 from shunter.engine.server.errors import ApiError
+from shunter.engine.server.timing import TIMING_HEADER, EngineTiming
 from shunter.platform.gateway.errors import engine_unavailable
 from shunter.platform.gateway.replies import Reply, error_reply
 from shunter.platform.gateway.routes import Route
@@ -132,10 +136,14 @@ class Timing:
         self.last = now
         self.token_chunks += 1
 
-    def all_at(self, now: float) -> None:
-        """A non-streamed response: every token arrives at ``now``."""
+    def all_at(self, now: float, engine: EngineTiming | None = None) -> None:
+        """A non-streamed response: every token arrives at ``now``; with the
+        ``engine``'s timing, the first when the client would have seen it streamed."""
         self.first = self.last = now
         self._last_of[0] = now
+        if engine is not None:
+            held_s = (engine.e2e_ms - engine.ttft_ms) / 1000
+            self.first = max(self.t0, now - held_s)
 
     @property
     def num_choices(self) -> int:
@@ -174,6 +182,7 @@ class Exchange:
         self.done = False
         self.usage: dict[str, Any] = {}
         self.reported_prompt_tokens = 0  # X-Shunter-Prompt-Tokens
+        self.engine_timing: EngineTiming | None = None  # X-Shunter-Timing
         self.status = "ok"
         self.error_type = ""
         self.http_status = 200
@@ -278,7 +287,8 @@ class Exchange:
         if isinstance(raw, Reply):
             return raw
         self.t_end = time.perf_counter()
-        self.timing.all_at(self.t_end)
+        self.engine_timing = EngineTiming.parse(upstream.headers.get(TIMING_HEADER))
+        self.timing.all_at(self.t_end, self.engine_timing)
         try:
             usage = json.loads(raw).get("usage")
         except (ValueError, AttributeError):
@@ -383,10 +393,13 @@ class Exchange:
         if t.first is not None and t.last is not None:
             ttft_ms = 1000 * (t.first - t.t0)
             per_choice = completion / t.num_choices
-            if self.stream and per_choice > 1:
-                tpot_ms = 1000 * (t.last - t.first) / (per_choice - 1)
-            if self.stream and t.token_chunks > 1:
-                max_itl_ms = 1000 * t.max_gap
+            if self.stream:
+                if per_choice > 1:
+                    tpot_ms = 1000 * (t.last - t.first) / (per_choice - 1)
+                if t.token_chunks > 1:
+                    max_itl_ms = 1000 * t.max_gap
+            elif self.engine_timing is not None:
+                tpot_ms, max_itl_ms = self.engine_timing.tpot_ms, self.engine_timing.max_itl_ms
         return {
             "request_id": self.request_id,
             "model_name": self.route.model_name,

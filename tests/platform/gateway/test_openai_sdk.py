@@ -87,12 +87,18 @@ def test_chat_completion_and_its_record(setup: Setup) -> None:
     )
     assert record.prompt_tokens == reply.usage.prompt_tokens
     assert record.completion_tokens == 8
-    # A non-streamed response shows every token at once: TTFT is its whole latency, the
-    # gaps between tokens are unseen (no TPOT or ITL, TBT unknown).
+    # A non-streamed response shows every token at once; the engine's X-Shunter-Timing
+    # gives its gaps (TPOT, max ITL, so TBT is judged) and TTFT as a stream would show it.
     assert record.ttft_ms is not None and record.ttft_ms > 0
-    assert record.tpot_ms is None and record.max_itl_ms is None
-    assert record.t_first_token == record.t_end
-    assert record.ttft_met == (record.ttft_ms <= 1000) and record.tbt_met is None
+    assert record.tpot_ms is not None and record.max_itl_ms is not None
+    assert 0 < record.tpot_ms <= record.max_itl_ms
+    assert record.t_first_token is not None
+    assert record.t_arrival < record.t_first_token < record.t_end
+    e2e_ms = (record.t_end - record.t_arrival).total_seconds() * 1000
+    # The seven gaps after the first token fit in what is left of the end-to-end time.
+    assert record.ttft_ms + 7 * record.tpot_ms <= e2e_ms + 0.01
+    assert record.ttft_met == (record.ttft_ms <= 1000)
+    assert record.tbt_met == (record.tpot_ms <= 50)
     rollup = UsageRollup.objects.get(
         tenant=setup.tenant_a,
         deployment=setup.llama,

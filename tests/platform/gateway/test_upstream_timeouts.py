@@ -1,8 +1,9 @@
 """An engine that accepts a request and then goes silent: a stream is ended with a
 terminating ``engine_unavailable`` event after ``STREAM_IDLE_S`` of silence, a
 non-streamed request gets a 504 after the read timeout; both are recorded. A stream that
-ends early counts the prompt the engine reported in a header. A non-streamed answer has
-no TPOT and an unknown TBT.
+ends early counts the prompt the engine reported in a header. A non-streamed answer
+without the engine's ``X-Shunter-Timing`` has no TPOT and an unknown TBT; with it, its
+TPOT and max ITL are the engine's and its TBT is judged.
 
 The engine here is a small aiohttp server on a real socket, the gateway's forwarding
 (``proxy.Exchange``) runs in the test's event loop."""
@@ -20,6 +21,7 @@ import pytest
 from aiohttp import web
 from django.utils import timezone
 
+from shunter.engine.server.timing import TIMING_HEADER
 from shunter.platform.gateway import proxy
 from shunter.platform.gateway.proxy import Exchange, close_upstream
 from shunter.platform.gateway.replies import Reply
@@ -38,7 +40,8 @@ PROMPT_TOKENS = 7
 class SilentEngine:
     """Answers ``/v1/chat/completions``: a stream sends its headers (with the prompt's
     token count) and one token, then nothing; a non-streamed request gets nothing, or a
-    whole answer of five tokens when its body asks for ``"answer": true``."""
+    whole answer of five tokens when its body asks for ``"answer": true`` (with the
+    body's ``"timing"`` as its ``X-Shunter-Timing``)."""
 
     def __init__(self) -> None:
         self.url = ""
@@ -59,7 +62,8 @@ class SilentEngine:
         if body.get("answer"):
             usage = {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": 5}
             choice = {"index": 0, "message": {"role": "assistant", "content": "a b c d e"}}
-            return web.json_response({"choices": [choice], "usage": usage})
+            headers = {TIMING_HEADER: body["timing"]} if "timing" in body else None
+            return web.json_response({"choices": [choice], "usage": usage}, headers=headers)
         if not body.get("stream"):
             self.silent.set()
             await self.closing.wait()
@@ -193,3 +197,23 @@ async def test_a_non_streamed_answer_has_no_tpot_and_an_unknown_tbt(
     assert record.ttft_ms is not None and record.t_first_token == record.t_end
     assert record.tpot_ms is None and record.max_itl_ms is None
     assert record.ttft_met and record.tbt_met is None
+
+
+@pytest.mark.parametrize(("tpot_ms", "tbt_met"), [(40.0, True), (150.0, False)])
+async def test_a_non_streamed_answer_is_timed_by_the_engines_header(
+    setup: Setup, engine: SilentEngine, tpot_ms: float, tbt_met: bool
+) -> None:
+    # The engine held the answer 0.5 ms after its first token; the class allows 100 ms TBT.
+    timing = f"ttft_ms=1.0,tpot_ms={tpot_ms},max_itl_ms=200.0,e2e_ms=1.5"
+    rid = f"timed-{tpot_ms}"
+    reply = await exchange(setup, engine, rid).forward(body(answer=True, timing=timing))
+    assert reply.status == 200
+    record = await wait_record(rid)
+    assert (record.tpot_ms, record.max_itl_ms) == (tpot_ms, 200.0)
+    assert record.tbt_met is tbt_met and record.ttft_met
+    # TTFT as a stream would have shown it: the gateway's end-to-end less the 0.5 ms.
+    assert record.t_first_token is not None and record.ttft_ms is not None
+    held = record.t_end - record.t_first_token
+    assert held.total_seconds() == pytest.approx(0.0005, abs=2e-6)
+    e2e_ms = (record.t_end - record.t_arrival).total_seconds() * 1000
+    assert record.ttft_ms == pytest.approx(e2e_ms - 0.5, abs=2e-3)
