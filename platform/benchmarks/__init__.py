@@ -18,9 +18,11 @@ releases the lock. A run whose target is busy stays queued: the task retries it 
 ``BenchmarkJob.timeout_s`` bounds a run the same way. A run holds its target lock under
 its own key, so a running run without it has no worker (it stopped): cancel ends it at
 once, and ``benchmark_runs_reap`` (beat, every minute, and each time its job fires)
-fails the runs queued or running past ``timeout_s`` plus ``LOCK_MARGIN_S`` whose lock
-is gone. Runs go to the ``benchmarks`` queue; without a broker (eager mode) a run
-executes on a thread of the process that started it.
+fails the runs running past ``timeout_s`` plus ``LOCK_MARGIN_S`` whose lock is gone,
+and those still queued after ``QUEUED_REAP_S`` (a queued run may wait in the broker
+behind other long runs far past its own timeout). Runs go to the ``benchmarks`` queue;
+without a broker (eager mode) a run executes on a thread of the process that started
+it.
 
 A job's schedule is a django-celery-beat ``PeriodicTask`` (``benchmark-job:<id>``) that
 the job services create, change and delete with the job; beat fires
@@ -38,6 +40,7 @@ from shunter.platform.benchmarks.lock import LOCK_MARGIN_S, LOCK_RETRY_S, LOCK_W
 from shunter.platform.benchmarks.progress import csv_path
 from shunter.platform.benchmarks.results import COMPARED_METRICS, run_comparison, run_export
 from shunter.platform.benchmarks.runs import (
+    QUEUED_REAP_S,
     benchmark_job_fire,
     benchmark_run_cancel,
     benchmark_run_start,
@@ -63,6 +66,7 @@ __all__ = [
     "LOCK_MARGIN_S",
     "LOCK_RETRY_S",
     "LOCK_WAIT_S",
+    "QUEUED_REAP_S",
     "STOP_POLL_S",
     "Executed",
     "Stopped",

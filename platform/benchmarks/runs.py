@@ -9,12 +9,18 @@ import uuid
 from django.db import connections, transaction
 from django.utils import timezone
 
-from shunter.platform.benchmarks.lock import LOCK_MARGIN_S, lock_held_by, target_busy
+from shunter.platform.benchmarks.lock import LOCK_MARGIN_S, lock_held_by
 from shunter.platform.benchmarks.targets import job_config, target_label, target_lock_key
 from shunter.platform.models import BenchmarkJob, BenchmarkRun
 
 Kind = BenchmarkJob.TargetKind
 Status = BenchmarkRun.Status
+
+# A queued run may wait in the broker behind other long runs (the ``benchmarks`` queue
+# executes a few at a time) for much longer than its own timeout, and then for its
+# target up to ``LOCK_WAIT_S`` (6 h): only a run queued this long was lost (its message
+# or its worker), and the reaper fails it.
+QUEUED_REAP_S = 24 * 3600.0
 
 
 def _enqueue_on_commit(run: BenchmarkRun, queue: str | None) -> None:
@@ -111,10 +117,12 @@ def benchmark_run_cancel(*, run: BenchmarkRun) -> BenchmarkRun:
 
 def benchmark_runs_reap(*, job_id: int | None = None) -> list[int]:
     """Fail the runs (of ``job_id``, or all) that no worker executes any longer, and
-    return their ids: a run queued or running for longer than its job's ``timeout_s``
-    plus ``LOCK_MARGIN_S`` whose lock is gone (a running run no longer holds its
-    target; a queued one's target is free, yet it was not taken). A live worker never
-    leaves such a run: it stops a run at ``timeout_s`` and holds the lock until then."""
+    return their ids: a running run past its job's ``timeout_s`` plus ``LOCK_MARGIN_S``
+    that no longer holds its target lock (a live worker stops a run at ``timeout_s``
+    and holds the lock until then), and a run still queued ``QUEUED_REAP_S`` after it
+    was queued (one waiting in the broker behind other runs, however long, is not one
+    a worker dropped; the worker itself fails a run that waited ``LOCK_WAIT_S`` for
+    its target)."""
     now = timezone.now()
     runs = BenchmarkRun.objects.select_related("job").filter(
         status__in=[Status.QUEUED, Status.RUNNING]
@@ -123,20 +131,24 @@ def benchmark_runs_reap(*, job_id: int | None = None) -> list[int]:
         runs = runs.filter(job_id=job_id)
     reaped = []
     for run in runs:
-        since = run.started_at if run.status == Status.RUNNING else run.created_at
-        age = (now - (since or run.created_at)).total_seconds()
-        if age <= run.job.timeout_s + LOCK_MARGIN_S:
-            continue
-        if run.status == Status.RUNNING:
-            if lock_held_by(run.lock_key, str(run.key)):
+        running = run.status == Status.RUNNING
+        since = (run.started_at if running else None) or run.created_at
+        age = (now - since).total_seconds()
+        if running:
+            if age <= run.job.timeout_s + LOCK_MARGIN_S or lock_held_by(run.lock_key, str(run.key)):
                 continue
-        elif target_busy(run.lock_key):  # it may be waiting for the target
-            continue
-        error = (
-            f"The worker stopped: the run was still {run.status} {age:.0f} s after it "
-            f"{'started' if run.status == Status.RUNNING else 'was queued'} (its timeout "
-            f"is {run.job.timeout_s:g} s) and no worker held its target."
-        )
+            error = (
+                f"The worker stopped: the run was still running {age:.0f} s after it "
+                f"started (its timeout is {run.job.timeout_s:g} s) and no longer held its "
+                "target."
+            )
+        else:
+            if age <= QUEUED_REAP_S:
+                continue
+            error = (
+                f"The worker stopped: the run was still queued {age:.0f} s after it was "
+                "queued; no worker took it."
+            )
         if BenchmarkRun.objects.filter(pk=run.pk, status=run.status).update(
             status=Status.FAILED, finished_at=now, error=error
         ):

@@ -1,5 +1,6 @@
 """Runs whose worker stopped: cancel ends them at once, and past their timeout they are
-failed (by beat's reaper, or when their job fires) instead of blocking their job."""
+failed (by beat's reaper, or when their job fires) instead of blocking their job; a run
+that waits in the broker behind long runs is not one of them."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from django.utils import timezone
 
 from shunter.platform.benchmarks import (
     LOCK_MARGIN_S,
+    LOCK_WAIT_S,
+    QUEUED_REAP_S,
     benchmark_job_create,
     benchmark_job_fire,
     benchmark_run_cancel,
@@ -82,30 +85,46 @@ def test_cancelling_a_run_its_worker_executes_asks_the_worker_to_stop(
     assert run.status == "running" and run.cancel_requested and run.finished_at is None
 
 
-def test_runs_past_their_timeout_without_their_lock_are_failed(
+def test_cancelling_a_queued_run_ends_it_at_once(job: BenchmarkJob) -> None:
+    run = benchmark_run_cancel(run=a_run(job, "queued"))
+    assert run.status == "cancelled" and run.cancel_requested
+    assert run.finished_at is not None and run.error == "Cancelled."
+
+
+def test_running_runs_past_their_timeout_without_their_lock_are_failed(
     job: BenchmarkJob, held: list[tuple[str, str]]
 ) -> None:
     dead = a_run(job, "running", PAST_TIMEOUT)
-    lost = a_run(job, "queued", PAST_TIMEOUT)
     young = a_run(job, "running", timedelta(seconds=TIMEOUT_S))
-    assert sorted(benchmark_runs_reap()) == sorted([dead.pk, lost.pk])
-    for run in (dead, lost):
-        run.refresh_from_db()
-        assert run.status == "failed" and run.finished_at is not None
-        assert run.error.startswith(
-            f"The worker stopped: the run was still {'running' if run is dead else 'queued'}"
-        )
-    young.refresh_from_db()
-    assert young.status == "running"
-
     alive = a_run(job, "running", PAST_TIMEOUT)
     hold(held, alive.lock_key, str(alive.key))  # its worker holds the target
-    waiting = a_run(job, "queued", PAST_TIMEOUT)  # the target is busy: it may be waiting
-    assert benchmark_runs_reap() == []
-    assert {r.status for r in BenchmarkRun.objects.filter(pk__in=[alive.pk, waiting.pk])} == {
-        "running",
-        "queued",
+    assert benchmark_runs_reap() == [dead.pk]
+    dead.refresh_from_db()
+    assert dead.status == "failed" and dead.finished_at is not None
+    assert dead.error.startswith("The worker stopped: the run was still running")
+    assert {r.status for r in BenchmarkRun.objects.filter(pk__in=[young.pk, alive.pk])} == {
+        "running"
     }
+
+
+def test_a_run_waiting_in_the_broker_past_its_timeout_is_not_reaped(job: BenchmarkJob) -> None:
+    # Two long runs hold the benchmark workers; this one waits behind them, its target
+    # free, for far longer than its own timeout.
+    waiting = a_run(job, "queued", timedelta(seconds=10 * (TIMEOUT_S + LOCK_MARGIN_S)))
+    behind_busy_target = a_run(job, "queued", timedelta(seconds=LOCK_WAIT_S))
+    assert benchmark_runs_reap() == []
+    assert {
+        r.status for r in BenchmarkRun.objects.filter(pk__in=[waiting.pk, behind_busy_target.pk])
+    } == {"queued"}
+
+
+def test_a_run_queued_longer_than_any_wait_is_failed(job: BenchmarkJob) -> None:
+    assert QUEUED_REAP_S > LOCK_WAIT_S + LOCK_MARGIN_S  # past the worker's own give-up
+    lost = a_run(job, "queued", timedelta(seconds=QUEUED_REAP_S + 5))
+    assert benchmark_runs_reap(job_id=job.pk) == [lost.pk]
+    lost.refresh_from_db()
+    assert lost.status == "failed" and lost.finished_at is not None
+    assert lost.error.startswith("The worker stopped: the run was still queued")
 
 
 def test_a_dead_workers_run_no_longer_blocks_its_schedule(job: BenchmarkJob) -> None:
