@@ -27,15 +27,17 @@ def host_swap_space(
     """A model's host swap tensor ``[num_blocks, *block_shape]``.
 
     ``HostSwap`` numbers each model's host blocks from 0 under one byte budget shared
-    by all models, so one model never holds more than ``capacity_bytes`` of them.
-    Pageable space is zeroed. Pinned space (``pin``: needs CUDA) is registered with the
-    driver in large chunks (``cuda_transfers.pinned_empty``) and left uninitialized:
-    a host block is only read after a D2H copy wrote it.
+    by all models, so one model never holds more than ``capacity_bytes`` of them. The
+    space is left uninitialized: a host block is only read after a D2H copy wrote it.
+    Pageable space is therefore only backed by memory where blocks were written, so the
+    models' tensors together use about the shared budget. Pinned space (``pin``: needs
+    CUDA) is registered with the driver in large chunks (``cuda_transfers.pinned_empty``)
+    and is resident: each model's tensor is ``capacity_bytes``.
     """
     block_bytes = math.prod(block_shape) * dtype.itemsize
     shape = (capacity_bytes // block_bytes, *block_shape)
     if not pin:
-        return torch.zeros(shape, dtype=dtype)
+        return torch.empty(shape, dtype=dtype)
     from shunter.engine.exec.cuda_transfers import pinned_empty
 
     return pinned_empty(shape, dtype)

@@ -42,8 +42,9 @@ def add_engine_parser(sub: argparse._SubParsersAction[Any]) -> None:
         "--host-budget",
         type=byte_count,
         metavar="BYTES",
-        help="host memory for swapped-out KV, shared by the models (e.g. 64G; default: "
-        "--kv-tokens tokens of each model, within half the host's memory)",
+        help="host memory for swapped-out KV, one budget shared by the models (e.g. 64G; "
+        "default: --kv-tokens tokens of each model, within half the host's memory); on "
+        "CUDA each model pins a buffer of this size",
     )
     p.add_argument(
         "--kv-tokens",

@@ -142,6 +142,11 @@ class EngineLoop:
     def num_streams(self) -> int:
         return len(self._streams)
 
+    @property
+    def num_pending_commands(self) -> int:
+        """Commands queued for the engine thread, not yet run."""
+        return self._commands.qsize()
+
     # -- on the engine thread ----------------------------------------------------------
     def _run(self) -> None:
         while not self._stopped:

@@ -221,7 +221,9 @@ async def _deltas(
     without one."""
     left = len(choices)
     while left:
-        if on_idle is None:
+        if on_idle is None or not sink.empty():
+            # A delta already waiting is taken without a timer: wait_for costs a task and
+            # a timer handle per call, on the loop that serves every stream.
             index, delta = await sink.get()
         else:
             try:

@@ -35,7 +35,11 @@ def engine_config(settings: EngineSettings, *, check_integrity: bool = False) ->
         specs,
         one if settings.hbm_budget else full,
         hbm_budget=settings.hbm_budget,
-        host_swap_bytes=settings.host_budget or default_host_swap_bytes(specs, full),
+        host_swap_bytes=(
+            default_host_swap_bytes(specs, full)
+            if settings.host_budget is None
+            else settings.host_budget
+        ),
         remap=settings.remap,
         check_integrity=check_integrity,
     )

@@ -12,6 +12,7 @@ tokens (no gap to time).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -69,7 +70,7 @@ def response_timing(requests: Sequence[Request], now: float) -> EngineTiming | N
         return None
     tpots = [tpot for r in requests if (tpot := r.tpot) is not None]
     itls = [
-        max(b - a for a, b in zip(r.token_times, r.token_times[1:], strict=False))
+        max(b - a for a, b in itertools.pairwise(r.token_times))
         for r in requests
         if len(r.token_times) > 1
     ]

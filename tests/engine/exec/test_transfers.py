@@ -25,8 +25,7 @@ def numbered(num_blocks: int) -> torch.Tensor:
 def test_host_swap_holds_as_many_blocks_as_the_budget() -> None:
     block_bytes = 2 * 2 * 4 * 1 * 8 * 4
     host = host_swap_space(10 * block_bytes + 5, SHAPE, torch.float32, pin=False)
-    assert host.shape == (10, *SHAPE)
-    assert host.abs().sum() == 0
+    assert host.shape == (10, *SHAPE) and host.dtype == torch.float32
 
 
 def test_d2h_then_h2d_copy_whole_blocks_and_report_the_step() -> None:

@@ -41,8 +41,8 @@ def test_a_caller_that_gives_up_and_a_failing_command_leave_the_loop_serving(
         blocker = asyncio.ensure_future(loop.call(hold))
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(loop.call(late), timeout=0.2)
+        held.set()
         with pytest.raises(RuntimeError, match="a command failed"):
-            held.set()
             await loop.call(fail)
         await blocker
 
@@ -86,10 +86,14 @@ def test_ttft_counts_from_the_http_arrival_not_the_engine_pickup(server: ServerT
     statuses: list[int] = []
     client = threading.Thread(target=lambda: statuses.append(_complete(server)))
     client.start()
-    t_sent = clock.now()
-    # The request waits behind the held command: its submission is queued after it.
-    while loop._commands.empty() or clock.now() - t_sent < hold_s:
-        assert clock.now() - t_sent < 30
+    # The request arrived before its submission was queued behind the held command; from
+    # then on it waits at least hold_s.
+    deadline = time.monotonic() + 30
+    while not loop.num_pending_commands:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    t_queued = clock.now()
+    while clock.now() - t_queued < hold_s:
         time.sleep(0.01)
     release.set()
     client.join(60)

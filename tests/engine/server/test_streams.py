@@ -120,7 +120,7 @@ def test_a_stream_held_up_gets_keep_alive_comments_and_prompt_tokens(
     server: ServerThread,
 ) -> None:
     loop = server.state.loop
-    server.state.keepalive_s = 0.1
+    keepalive_s, server.state.keepalive_s = server.state.keepalive_s, 0.1
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:
@@ -146,7 +146,7 @@ def test_a_stream_held_up_gets_keep_alive_comments_and_prompt_tokens(
         header, streamed = asyncio.run(read())
     finally:
         release.set()
-        server.state.keepalive_s = 5.0
+        server.state.keepalive_s = keepalive_s
     blocker.result(30)
     assert header == "3"
     assert streamed.startswith(b": keep-alive\n\n")
