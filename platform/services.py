@@ -447,8 +447,7 @@ def node_reconcile(*, node: Node) -> Reconciled:
     desired = selectors.node_desired_deployments(node=node)
     if not desired:
         error = "No enabled deployments: the engine keeps serving its current models."
-        Node.objects.filter(pk=node.pk).update(last_error=error)
-        node.last_error = error
+        _node_set(node, last_error=error)
         return Reconciled(ok=False, error=error)
     try:
         changes = engine_client(node).put_deployments(desired_body(desired))
@@ -456,25 +455,26 @@ def node_reconcile(*, node: Node) -> Reconciled:
         fields: dict[str, Any] = {"last_error": f"reconcile: {e}"}
         if e.status is None:
             fields["status"] = Node.Status.UNHEALTHY
-        Node.objects.filter(pk=node.pk).update(**fields)
-        for field, value in fields.items():
-            setattr(node, field, value)
+        _node_set(node, **fields)
         log.warning("node %s: reconcile failed: %s", node.name, e)
         return Reconciled(ok=False, error=str(e))
-    Node.objects.filter(pk=node.pk).update(last_error="")
-    node.last_error = ""
+    _node_set(node, last_error="")
     log.info("node %s reconciled: %s", node.name, changes)
     return Reconciled(ok=True, changes=changes)
 
 
 @dataclass(frozen=True)
 class Polled:
-    """A poll's outcome: whether the engine answered, whether it had restarted or served
-    another set than desired, and the reconcile that followed (if any)."""
+    """A poll's outcome: whether the engine answered and serves (or is loading) models,
+    whether it had restarted or served another set than desired, whether it was
+    ``reconciling`` (replacing its models), its ``failure`` when it serves none after a
+    failed reload, and the reconcile that followed (if any)."""
 
     healthy: bool
     restarted: bool = False
     drifted: bool = False
+    reconciling: bool = False
+    failure: str = ""
     reconciled: Reconciled | None = None
 
 
@@ -535,20 +535,36 @@ def node_poll(*, node: Node) -> Polled:
     Updates status, last_seen, the cached state and the engine's start time. When the
     engine restarted (its start time changed) or serves another set than the desired one
     (names, sharing modes, priorities, and the KV bounds and longest context it reports),
-    it is reconciled at once; one reconcile per node
-    runs at a time.
+    it is reconciled at once; one reconcile per node runs at a time.
+
+    An engine replacing its models (``reconciling`` in its state: it lists none
+    meanwhile) keeps the node's status; only its state is recorded. An engine that serves
+    no models after a reload failed (``error`` in its state) turns the node unhealthy
+    and is given the desired set again.
     """
     client = engine_client(node)
     try:
         client.health()
         state = client.state()
-        listed = client.models()
+        reconciling = state.get("reconciling") is True
+        failure = "" if reconciling else str(state.get("error") or "")
+        listed = {} if reconciling or failure else client.models()
     except EngineError as e:
-        Node.objects.filter(pk=node.pk).update(
-            status=Node.Status.UNHEALTHY, last_error=f"poll: {e}"
-        )
-        node.status, node.last_error = Node.Status.UNHEALTHY, f"poll: {e}"
+        _node_set(node, status=Node.Status.UNHEALTHY, last_error=f"poll: {e}")
         return Polled(healthy=False)
+    now = timezone.now()
+    seen = {"last_seen": now, "state": state, "state_at": now}
+    if reconciling:
+        _node_set(node, **seen)
+        return Polled(healthy=True, reconciling=True)
+    if failure:
+        error = f"poll: the engine serves no models: {failure}"
+        _node_set(node, status=Node.Status.UNHEALTHY, last_error=error, **seen)
+        reconciled = _reconcile_once(node)
+        if reconciled is not None and reconciled.ok:
+            _node_set(node, status=Node.Status.HEALTHY)
+        ok = node.status == Node.Status.HEALTHY
+        return Polled(healthy=ok, failure=failure, reconciled=reconciled)
     data = listed.get("data") or []
     started = data[0].get("created") if data and isinstance(data[0], dict) else None
     started = int(started) if isinstance(started, int | float) else None
@@ -558,25 +574,27 @@ def node_poll(*, node: Node) -> Polled:
     drift = bool(desired) and drifted(served, desired)
     if drift:
         log.info("node %s serves %s, not the desired %s", node.name, served, desired)
-    now = timezone.now()
-    fields = {
-        "status": Node.Status.HEALTHY,
-        "last_seen": now,
-        "state": state,
-        "state_at": now,
-        "engine_started": started,
-    }
+    fields: dict[str, Any] = {"status": Node.Status.HEALTHY, "engine_started": started, **seen}
     if node.last_error.startswith("poll:"):
         fields["last_error"] = ""
+    _node_set(node, **fields)
+    reconciled = _reconcile_once(node) if restarted or drift else None
+    return Polled(healthy=True, restarted=restarted, drifted=drift, reconciled=reconciled)
+
+
+def _reconcile_once(node: Node) -> Reconciled | None:
+    """Reconcile ``node`` unless a reconcile of it is running already (then None)."""
+    lock = f"shunter:node-reconcile:{node.pk}"
+    if not cache.add(lock, 1, timeout=180):
+        return None
+    try:
+        return node_reconcile(node=node)
+    finally:
+        cache.delete(lock)
+
+
+def _node_set(node: Node, **fields: Any) -> None:
+    """Update ``fields`` of ``node`` in the database and on the instance."""
     Node.objects.filter(pk=node.pk).update(**fields)
     for field, value in fields.items():
         setattr(node, field, value)
-    reconciled = None
-    if restarted or drift:
-        lock = f"shunter:node-reconcile:{node.pk}"
-        if cache.add(lock, 1, timeout=180):
-            try:
-                reconciled = node_reconcile(node=node)
-            finally:
-                cache.delete(lock)
-    return Polled(healthy=True, restarted=restarted, drifted=drift, reconciled=reconciled)
