@@ -19,9 +19,12 @@ class LvfPolicy(Policy):
     2. Sort all requests by VLT, descending.
     3. Prioritize: with ``left = free + B_xfer``, take non-running requests with
        VLT >= 0 from the head whose blocks fit in ``left``, as long as a slot is free
-       or can be freed: by preempting one more running request with VLT < 0 from the
-       tail while the blocks of those so taken stay below B_xfer (B_xfer bounds what a
-       step rotates, for slots as for blocks).
+       or can be freed: by preempting the next running request with VLT < 0 from the
+       tail, while the blocks of those so taken stay below B_xfer (B_xfer bounds what a
+       step rotates, for slots as for blocks), and only if Algorithm 1 would preempt it
+       for blocks anyway once the request is taken, or the request's VLT exceeds that
+       victim's time running (-VLT). The first request refused a slot ends the step's
+       admissions: the ones after it lag less.
     4. Preempt: ``need = B_xfer - left`` blocks and as many slots as the prioritized
        requests lack; from the tail, preempt running requests with VLT < 0 (whose KV
        host memory can take) until both are covered.
@@ -31,7 +34,11 @@ class LvfPolicy(Policy):
     slot count only adds what the cap demands: a request is prioritized only if a slot
     is free or can be freed for it, and a request is preempted only while the
     prioritized ones lack blocks or slots, so nothing is rotated out for blocks or
-    slots that no prioritized request will use.
+    slots that no prioritized request will use. Freeing a slot alone (memory has room)
+    asks more than a VLT >= 0: the request must have lagged longer than its victim has
+    run, so each request runs at least as long as the one taking its slot has waited
+    (as CFS lets a task run until another's lag exceeds its run) instead of a step, and
+    a full cap does not time-slice every step.
 
     Running requests have VLT <= 0 and the others VLT >= 0, so the sorted list is the
     non-running requests by VLT followed by the running ones by VLT; sorting the two
@@ -49,9 +56,8 @@ class LvfPolicy(Policy):
         if len(candidates) <= slots and sum(costs) <= free:
             return Decision(admit=by_arrival(candidates))
 
-        head = sorted(
-            range(len(candidates)), key=vlts(candidates, state.now).__getitem__, reverse=True
-        )
+        lag = vlts(candidates, state.now)
+        head = sorted(range(len(candidates)), key=lag.__getitem__, reverse=True)
         xfer = state.xfer_budget
         tail = _tail_first(state)
         victims: list[Request] = []  # the head of ``tail``, pulled as slots are needed
@@ -62,16 +68,24 @@ class LvfPolicy(Policy):
         for i in head:  # every non-running VLT is >= 0
             if left <= 0:
                 break
+            cost = costs[i]
+            if cost > left:
+                continue
             if len(admit) >= slots + len(victims):
                 # Another slot, from the tail, while the transfer budget lasts.
                 victim = next(tail, None) if victim_blocks < xfer else None
                 if victim is None:
                     break
+                assert victim.t_run is not None
+                # Taking i leaves xfer - left + cost blocks to preempt: if the victims
+                # so far hold fewer, Algorithm 1 preempts this one for blocks anyway.
+                for_blocks = victim_blocks < xfer - left + cost
+                if not for_blocks and lag[i] <= state.now - victim.t_run:
+                    break
                 victims.append(victim)
                 victim_blocks += state.blk(victim)
-            if costs[i] <= left:
-                admit.append(candidates[i])
-                left -= costs[i]
+            admit.append(candidates[i])
+            left -= cost
 
         need_blocks = xfer - left
         need_slots = len(admit) - slots

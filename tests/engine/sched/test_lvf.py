@@ -141,6 +141,8 @@ CASES = [
 
 # Two resources: free blocks and free running slots. A request is prioritized only if a
 # slot is free or preempting can free one; preemption stops when both deficits are covered.
+# A slot is freed for a request that fits in the free blocks only if its VLT exceeds the
+# time the victim (the longest running) has run; the block path is Algorithm 1's.
 CAP_CASES = [
     Case(
         "cap: a slot and blocks for every candidate: FCFS by arrival, no rotation",
@@ -156,12 +158,25 @@ CAP_CASES = [
         admit=["s", "w"],
     ),
     Case(
-        "cap: slots full, memory ample: a waiting request (VLT 0) preempts exactly one "
-        "running request with VLT < 0, the longest running",
+        "cap: slots full, memory ample: a waiting request within its TTFT tolerance "
+        "(VLT 0) frees no slot",
         [
-            ("w", W, 1, {"t_arr": 9.0}),  # within its TTFT tolerance: VLT 0
+            ("w", W, 1, {"t_arr": 9.0}),  # VLT 0
+            ("old", R, 2, {"t_run": 9.5}),  # ran 0.5 s
+        ],
+        now=10.0,
+        free=100,
+        xfer=10,
+        slots=0,
+        admit=[],
+    ),
+    Case(
+        "cap: slots full, memory ample: a VLT above the longest-running request's run "
+        "time takes its slot, exactly one",
+        [
+            ("w", W, 1, {"t_arr": 0.0}),  # VLT 7.5
             ("now", R, 2, {"t_run": 10.0}),  # VLT 0: never preempted
-            ("old", R, 2, {"t_run": 2.0}),
+            ("old", R, 2, {"t_run": 3.0}),  # ran 7 s
             ("mid", R, 2, {"t_run": 6.0}),
         ],
         now=10.0,
@@ -172,11 +187,50 @@ CAP_CASES = [
         preempt=["old"],
     ),
     Case(
-        "cap: slots full and no running request with VLT < 0: nothing prioritized, "
-        "nothing preempted",
-        [("w", W, 1, {"t_arr": 0.0}), ("now", R, 2, {"t_run": 10.0})],
+        "cap: slots full, memory ample: a VLT below the longest-running request's run "
+        "time frees no slot, not even a shorter-running request's",
+        [
+            ("w", W, 1, {"t_arr": 0.0}),  # VLT 7.5
+            ("old", R, 2, {"t_run": 2.0}),  # ran 8 s
+            ("mid", R, 2, {"t_run": 6.0}),  # ran 4 s
+        ],
         now=10.0,
         free=100,
+        xfer=10,
+        slots=0,
+        admit=[],
+    ),
+    Case(
+        "cap: slots full, memory ample: a VLT equal to the victim's run time frees no slot",
+        [("s", S, 1, {"t_arr": 0.0, "t_last": 8.0}), ("old", R, 2, {"t_run": 4.0})],
+        now=10.0,  # s: VLT 3 * 2 = 6, old ran 6 s
+        free=100,
+        xfer=10,
+        slots=0,
+        admit=[],
+    ),
+    Case(
+        "cap: slots full, memory ample: a rotary request's VLT (alpha times its gap) "
+        "weighs against the run time",
+        [("s", S, 1, {"t_arr": 0.0, "t_last": 7.0}), ("old", R, 2, {"t_run": 2.0})],
+        now=10.0,  # s: VLT 3 * 3 = 9 > 8
+        free=100,
+        xfer=10,
+        slots=0,
+        admit=["s"],
+        preempt=["old"],
+    ),
+    Case(
+        "cap: the first request refused a slot ends the admissions: a smaller VLT that "
+        "would need rotated blocks does not take the slot ahead of it",
+        [
+            ("s", S, 1, {"t_arr": 0.0, "t_last": 7.0}),  # VLT 9, fits in the free block
+            ("big", W, 5, {"t_arr": 0.0}),  # VLT 7.5, needs 4 rotated blocks
+            ("r1", R, 1, {"t_run": 0.0}),  # ran 10 s
+            ("r2", R, 4, {"t_run": 9.0}),
+        ],
+        now=10.0,
+        free=1,
         xfer=10,
         slots=0,
         admit=[],
@@ -188,7 +242,7 @@ CAP_CASES = [
             ("s1", S, 1, {"t_arr": 0.0, "t_last": 6.0}),  # VLT 12
             ("s2", S, 1, {"t_arr": 0.0, "t_last": 7.0}),  # VLT 9
             ("w", W, 1, {"t_arr": 0.0}),  # VLT 7.5
-            ("r1", R, 1, {"t_run": 0.0}),
+            ("r1", R, 1, {"t_run": 2.0}),  # ran 8 s < 9
             ("r2", R, 1, {"t_run": 10.0}),  # VLT 0
         ],
         now=10.0,
@@ -205,9 +259,9 @@ CAP_CASES = [
             ("w1", W, 1, {"t_arr": 0.0}),
             ("w2", W, 1, {"t_arr": 1.0}),
             ("w3", W, 1, {"t_arr": 2.0}),
-            ("r1", R, 3, {"t_run": 0.0}),
-            ("r2", R, 3, {"t_run": 1.0}),
-            ("r3", R, 3, {"t_run": 2.0}),
+            ("r1", R, 3, {"t_run": 6.0}),  # ran 4 s < w1's VLT 7.5
+            ("r2", R, 3, {"t_run": 7.0}),  # ran 3 s < w2's VLT 6.5
+            ("r3", R, 3, {"t_run": 8.0}),
         ],
         now=10.0,
         free=100,
@@ -227,8 +281,9 @@ CAP_CASES = [
     ),
     Case(
         "cap: no free slot, memory short: the waiting request takes the longest-running "
-        "request's slot and blocks",
-        [("run", R, 4, {"t_run": 0.0}), ("w", W, 3, {"t_arr": 0.0})],
+        "request's slot and blocks (Algorithm 1 preempts it for blocks, whatever its run "
+        "time)",
+        [("run", R, 4, {"t_run": 0.0}), ("w", W, 3, {"t_arr": 0.0})],  # VLT 7.5 < 10
         now=10.0,
         free=0,
         xfer=10,

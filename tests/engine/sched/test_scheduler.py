@@ -11,6 +11,7 @@ from shunter.engine.config import (
     ModelSpec,
     RemapConfig,
     RotationConfig,
+    SloSpec,
     TenantSpec,
 )
 from shunter.engine.core import EngineCore
@@ -19,6 +20,7 @@ from shunter.engine.request import Request, RequestState
 from shunter.engine.sched.lvf import LvfPolicy
 from shunter.engine.sched.policy import Decision, PolicyInput
 from tests.engine.fakes import (
+    SLO,
     TINY,
     Contents,
     FakeExecutor,
@@ -69,21 +71,46 @@ def test_max_running_caps_admission() -> None:
     assert stats.num_running == 2 and stats.num_waiting == 3
 
 
-def test_lvf_rotates_through_the_slots_the_running_cap_holds() -> None:
-    # Two running requests fill the cap and memory has room: the waiting requests
-    # (VLT >= 0) take the slots of running ones (VLT < 0), one preemption per slot taken.
-    core, _ = make_core(tiny_config(kv_blocks=40, max_running=2, policy="lvf"))
-    requests = [request(f"r{i}", 40, 8, t_arr=0.001 * i) for i in range(6)]
+def _run_capped(slo: SloSpec, policy: str = "lvf") -> tuple[list[Request], int, int]:
+    """Six short requests, two running slots, memory for all of them: the requests, the
+    steps taken and the preemptions."""
+    core, _ = make_core(tiny_config(kv_blocks=40, max_running=2, policy=policy))
+    requests = [
+        dataclasses.replace(request(f"r{i}", 40, 8, t_arr=0.001 * i), slo=slo) for i in range(6)
+    ]
     for r in requests:
         core.add_request(r)
-    num_preempted = 0
+    num_steps = num_preempted = 0
     while not core.is_idle():
         stats = core.step()
         assert stats.num_running <= 2
         assert stats.num_preempted <= stats.num_admitted + stats.num_swapped_in
+        num_steps += 1
         num_preempted += stats.num_preempted
-    assert num_preempted > 0
     assert all(r.num_output_tokens == 8 for r in requests)
+    return requests, num_steps, num_preempted
+
+
+def test_lvf_frees_no_slot_while_nobody_lags() -> None:
+    # The running cap is full and memory has room; the waiting requests are within
+    # their TTFT tolerance (VLT 0), so no slot is freed: the requests run in arrival
+    # order, two at a time, as FCFS runs them, instead of time-slicing every step.
+    requests, num_steps, num_preempted = _run_capped(SLO)
+    fcfs, fcfs_steps, _ = _run_capped(SLO, "fcfs")
+    assert num_preempted == 0
+    assert num_steps == fcfs_steps
+    assert [r.t_first_token for r in requests] == [r.t_first_token for r in fcfs]
+
+
+def test_lvf_rotates_through_the_slots_the_running_cap_holds_once_requests_lag() -> None:
+    # A TTFT tolerance of one step: the waiting requests lag at once. A running request
+    # yields its slot only to one that has lagged longer than it has run: the first two
+    # ran from the start, longer than anyone has lagged, so they finish untouched; the
+    # later ones rotate as their lag overtakes the run time of the one holding a slot.
+    requests, _, num_preempted = _run_capped(SloSpec("tight", ttft_s=0.02, tbt_s=0.1))
+    assert num_preempted > 0
+    assert [r.num_preemptions for r in requests[:2]] == [0, 0]
+    assert all(r.num_preemptions < r.num_output_tokens for r in requests)
 
 
 def test_lvf_rotates_when_memory_limits_the_slots_it_may_fill() -> None:
