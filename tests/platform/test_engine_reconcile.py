@@ -1,11 +1,13 @@
 """Reconcile and poll against a real ``shunter engine`` process on tiny models: the
-seeded deployments are pushed to it, a killed engine turns the node unhealthy, and a
-restarted one (serving something else) is reconciled by the next poll."""
+seeded deployments are pushed to it, a killed engine turns the node unhealthy, a
+restarted one (serving something else) is reconciled by the next poll, and so is one
+left serving no models by a reload that failed."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -182,3 +184,36 @@ def test_a_wrong_token_is_reported(engine: Engine, model_dirs: dict[str, Path]) 
     node.save()
     polled = node_poll(node=node)
     assert not polled.healthy and "HTTP 401" in node.last_error
+
+
+def test_poll_reloads_an_engine_left_without_models(
+    model_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    boot = tmp_path / "boot"
+    shutil.copytree(model_dirs["tiny-qwen2"], boot)
+    engine = Engine(free_port(), boot)
+    engine.start()
+    try:
+        seed(engine.url, model_dirs)
+        node = Node.objects.get(name="demo")
+        # A desired set that passes the engine's checks but cannot load (no weights),
+        # and a previous set that cannot load again: the engine keeps no models.
+        broken = tmp_path / "no-weights"
+        shutil.copytree(model_dirs["tiny-llama"], broken)
+        (broken / "model.safetensors").unlink()
+        (boot / "model.safetensors").unlink()
+        llama = Model.objects.get(name="tiny-llama")
+        Model.objects.filter(pk=llama.pk).update(source_dir=str(broken))
+        assert not node_reconcile(node=node).ok
+        state = engine.get("/admin/state")
+        assert state["models"] == {} and state["error"] and not state["reconciling"]
+
+        Model.objects.filter(pk=llama.pk).update(source_dir=llama.source_dir)
+        polled = node_poll(node=node)
+        node.refresh_from_db()
+        assert polled.failure and polled.reconciled is not None and polled.reconciled.ok
+        assert polled.healthy and node.status == Node.Status.HEALTHY
+        assert engine.served() == {"tiny-llama": "temporal", "tiny-qwen2": "spatial"}
+        assert engine.get("/admin/state")["error"] is None
+    finally:
+        engine.kill()
