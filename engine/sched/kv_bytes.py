@@ -13,7 +13,8 @@ from operator import attrgetter
 from shunter.engine.config import SchedulerConfig
 from shunter.engine.memory.manager import KVMemory
 from shunter.engine.remap.controller import Pressure
-from shunter.engine.request import Request
+from shunter.engine.request import Request, vlts
+from shunter.engine.sched.lvf import num_slots_freed
 from shunter.engine.sched.queues import RequestQueues
 
 
@@ -44,15 +45,22 @@ class KvBytes:
         return held + claim
 
     def pressure(
-        self, executing: Sequence[str], sitting_out: set[str], *, num_running: int, rotates: bool
+        self,
+        executing: Sequence[str],
+        sitting_out: set[str],
+        *,
+        now: float,
+        num_running: int,
+        rotates: bool,
     ) -> Pressure:
         """What the executing models need this step (a block for each decode that starts
-        one, and the blocks of the waiting and rotary requests the free running slots
-        could admit, earliest arrivals first) against the free KV: what they may
-        allocate now plus the free blocks other models hold, which compaction moves to
-        them (free pages come first in every capacity order). With ``rotates`` (LVF, with
-        rotation in the capacity order), rotation may free the KV of running requests
-        whose memory they can use, within B_xfer."""
+        one, and the blocks of the waiting and rotary requests the running slots could
+        admit, earliest arrivals first) against the free KV: what they may allocate now
+        plus the free blocks other models hold, which compaction moves to them (free
+        pages come first in every capacity order). With ``rotates`` (LVF, with rotation
+        in the capacity order), rotation may free the KV of running requests whose
+        memory they can use, within B_xfer, and the slots are the free ones plus those
+        LVF's slot rule frees (``lvf.num_slots_freed``)."""
         memory, bb, bt = self.memory, self.block_bytes, self.memory.block_tokens
         slots = max(0, self.config.max_running - num_running)
         demand = 0
@@ -68,6 +76,14 @@ class KvBytes:
             candidates += q.waiting.values()
             candidates += q.rotary.values()
         if len(candidates) > slots:
+            if rotates and self.config.xfer_budget_blocks > 0:
+                running = (
+                    r
+                    for m, q in self.queues.items()
+                    if m in executing or memory.above_floor(m)
+                    for r in q.running.values()
+                )  # what LVF may preempt, as the Scheduler gives it
+                slots += num_slots_freed(vlts(candidates, now), running, now)
             candidates = heapq.nsmallest(slots, candidates, key=attrgetter("t_arr"))
         demand += sum(self.of(candidates))
         rotation = 0

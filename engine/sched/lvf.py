@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from itertools import chain
 from operator import attrgetter
 
@@ -76,11 +76,10 @@ class LvfPolicy(Policy):
                 victim = next(tail, None) if victim_blocks < xfer else None
                 if victim is None:
                     break
-                assert victim.t_run is not None
                 # Taking i leaves xfer - left + cost blocks to preempt: if the victims
                 # so far hold fewer, Algorithm 1 preempts this one for blocks anyway.
                 for_blocks = victim_blocks < xfer - left + cost
-                if not for_blocks and lag[i] <= state.now - victim.t_run:
+                if not for_blocks and not frees_slot(lag[i], victim, state.now):
                     break
                 victims.append(victim)
                 victim_blocks += state.blk(victim)
@@ -98,16 +97,42 @@ class LvfPolicy(Policy):
         return decision
 
 
-def _tail_first(state: PolicyInput) -> Iterator[Request]:
-    """The running requests LVF may preempt (VLT < 0, host memory can take their KV),
-    smallest VLT first: the reversed sorted order.
+def frees_slot(vlt: float, victim: Request, now: float) -> bool:
+    """LVF's slot rule: a request whose blocks fit in the free ones takes the slot of a
+    running request (``victim``) only if its VLT exceeds the time that one has run
+    (-VLT(victim))."""
+    assert victim.t_run is not None
+    return vlt > now - victim.t_run
+
+
+def num_slots_freed(lags: Iterable[float], running: Iterable[Request], now: float) -> int:
+    """How many running slots the slot rule frees for requests with VLTs ``lags`` while
+    memory has room: the largest VLT against the longest-running request, the next
+    against the next, up to the first refused. Host space and B_xfer, which LVF also
+    respects, are not counted: at most what LVF frees."""
+    n = 0
+    tail = _longest_running(running, now)
+    for vlt, victim in zip(sorted(lags, reverse=True), tail, strict=False):
+        if not frees_slot(vlt, victim, now):
+            break
+        n += 1
+    return n
+
+
+def _longest_running(running: Iterable[Request], now: float) -> list[Request]:
+    """The running requests with VLT < 0, smallest VLT (longest running) first.
 
     VLT = -(now - t_run), so ascending VLT is ascending t_run; ties keep the reversed
-    order of the stable descending sort. (Every running request has a ``t_run``.) Lazy:
-    the sort runs at the first request asked for.
+    order of the stable descending sort. (Every running request has a ``t_run``.)
     """
-    now = state.now
-    eligible = [r for r in state.running if r.t_run is not None and r.t_run < now]
-    for r in sorted(reversed(eligible), key=attrgetter("t_run")):
+    eligible = [r for r in running if r.t_run is not None and r.t_run < now]
+    return sorted(reversed(eligible), key=attrgetter("t_run"))
+
+
+def _tail_first(state: PolicyInput) -> Iterator[Request]:
+    """The running requests LVF may preempt (VLT < 0, host memory can take their KV),
+    smallest VLT first: the reversed sorted order. Lazy: the sort runs at the first
+    request asked for."""
+    for r in _longest_running(state.running, state.now):
         if state.can_rotate(r):
             yield r

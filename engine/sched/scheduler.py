@@ -181,6 +181,7 @@ class Scheduler:
             pressure = self.kv.pressure(
                 executing,
                 sitting_out,
+                now=now,
                 num_running=self.num_running,
                 rotates=self.rotates,
             )

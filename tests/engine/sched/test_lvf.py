@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from shunter.engine.request import RequestState
-from shunter.engine.sched.lvf import LvfPolicy
+from shunter.engine.sched.lvf import LvfPolicy, num_slots_freed
 from tests.engine.sched.helpers import Book, ids
 
 W, R, S = RequestState.WAITING, RequestState.RUNNING, RequestState.ROTARY
@@ -411,3 +411,25 @@ def test_lvf_preempts_only_requests_whose_kv_host_memory_can_take() -> None:
     book.pinned.add("oldest")
     decision = LvfPolicy().schedule(book.state(now=10.0, free=0, xfer=2))
     assert ids(decision.preempt) == ["newer"]
+
+
+@pytest.mark.parametrize(
+    ("lags", "freed"),
+    [
+        ([12.0, 7.0, 1.0], 2),  # 12 > 10, 7 > 6, 1 < 5
+        ([9.0, 8.0], 0),  # 9 < 10: the first refused ends it, though 8 > 6
+        ([10.0], 0),  # equal is not above
+        ([30.0, 20.0, 10.0, 5.0], 3),  # three slots to free, the one at VLT 0 never
+    ],
+)
+def test_num_slots_freed_pairs_the_largest_lags_with_the_longest_runs(
+    lags: list[float], freed: int
+) -> None:
+    book = Book()
+    running = [
+        book.add("r6", R, t_run=4.0),
+        book.add("r10", R, t_run=0.0),
+        book.add("r5", R, t_run=5.0),
+        book.add("r0", R, t_run=10.0),  # VLT 0
+    ]
+    assert num_slots_freed(lags, running, now=10.0) == freed
