@@ -35,10 +35,10 @@ class LvfPolicy(Policy):
     is free or can be freed for it, and a request is preempted only while the
     prioritized ones lack blocks or slots, so nothing is rotated out for blocks or
     slots that no prioritized request will use. Freeing a slot alone (memory has room)
-    asks more than a VLT >= 0: the request must have lagged longer than its victim has
-    run, so each request runs at least as long as the one taking its slot has waited
-    (as CFS lets a task run until another's lag exceeds its run) instead of a step, and
-    a full cap does not time-slice every step.
+    asks more than a VLT >= 0: the request's VLT must exceed the time its victim has
+    run. Requests within their tolerance (VLT 0) free no slot, so a full cap with memory
+    to spare does not time-slice while nobody lags, and a request that has run longer
+    than anyone has lagged keeps its slot.
 
     Running requests have VLT <= 0 and the others VLT >= 0, so the sorted list is the
     non-running requests by VLT followed by the running ones by VLT; sorting the two
