@@ -22,9 +22,10 @@ class LvfPolicy(Policy):
        or can be freed: by preempting the next running request with VLT < 0 from the
        tail, while the blocks of those so taken stay below B_xfer (B_xfer bounds what a
        step rotates, for slots as for blocks), and only if Algorithm 1 would preempt it
-       for blocks anyway once the request is taken, or the request's VLT exceeds that
-       victim's time running (-VLT). The first request refused a slot ends the step's
-       admissions: the ones after it lag less.
+       for blocks anyway once the request is taken, or the request lags (VLT > 0) and
+       that victim has run (-VLT) longer than it has lagged. The first request refused a
+       slot ends the step's admissions: the ones after it lag less, and the slots it
+       waits for go to it first.
     4. Preempt: ``need = B_xfer - left`` blocks and as many slots as the prioritized
        requests lack; from the tail, preempt running requests with VLT < 0 (whose KV
        host memory can take) until both are covered.
@@ -35,10 +36,12 @@ class LvfPolicy(Policy):
     is free or can be freed for it, and a request is preempted only while the
     prioritized ones lack blocks or slots, so nothing is rotated out for blocks or
     slots that no prioritized request will use. Freeing a slot alone (memory has room)
-    asks more than a VLT >= 0: the request's VLT must exceed the time its victim has
-    run. Requests within their tolerance (VLT 0) free no slot, so a full cap with memory
-    to spare does not time-slice while nobody lags, and a request that has run longer
-    than anyone has lagged keeps its slot.
+    asks more than a VLT >= 0: the request must lag (VLT > 0) and its victim must have
+    run longer than it has lagged. Requests within their tolerance (VLT 0) free no slot,
+    so a full cap with memory to spare does not time-slice while nobody lags; a request
+    just swapped in keeps its slot until it has run as long as the others lag, so slots
+    turn over at the pace of the lag, not every step; and a request lagging more than
+    every running request has run waits for the slots finishing requests free.
 
     Running requests have VLT <= 0 and the others VLT >= 0, so the sorted list is the
     non-running requests by VLT followed by the running ones by VLT; sorting the two
@@ -99,10 +102,13 @@ class LvfPolicy(Policy):
 
 def frees_slot(vlt: float, victim: Request, now: float) -> bool:
     """LVF's slot rule: a request whose blocks fit in the free ones takes the slot of a
-    running request (``victim``) only if its VLT exceeds the time that one has run
-    (-VLT(victim))."""
+    running request (``victim``) only if it lags (VLT > 0) and the victim has run longer
+    than it has lagged (-VLT(victim) > VLT). A request just swapped in keeps its slot
+    until it has run as long as the others lag, so slots turn over at the pace of the
+    lag, not every step; a request lagging more than every runner has run waits for the
+    slots that finishing requests free, which go to the largest VLT first."""
     assert victim.t_run is not None
-    return vlt > now - victim.t_run
+    return 0.0 < vlt < now - victim.t_run
 
 
 def num_slots_freed(lags: Iterable[float], running: Iterable[Request], now: float) -> int:

@@ -141,8 +141,9 @@ CASES = [
 
 # Two resources: free blocks and free running slots. A request is prioritized only if a
 # slot is free or preempting can free one; preemption stops when both deficits are covered.
-# A slot is freed for a request that fits in the free blocks only if its VLT exceeds the
-# time the victim (the longest running) has run; the block path is Algorithm 1's.
+# A slot is freed for a request that fits in the free blocks only if it lags (VLT > 0) and
+# the victim (the longest running) has run longer than it has lagged; the block path is
+# Algorithm 1's.
 CAP_CASES = [
     Case(
         "cap: a slot and blocks for every candidate: FCFS by arrival, no rotation",
@@ -171,12 +172,12 @@ CAP_CASES = [
         admit=[],
     ),
     Case(
-        "cap: slots full, memory ample: a VLT above the longest-running request's run "
-        "time takes its slot, exactly one",
+        "cap: slots full, memory ample: the longest-running request, having run longer "
+        "than the waiting one has lagged, gives up its slot, exactly one",
         [
             ("w", W, 1, {"t_arr": 0.0}),  # VLT 7.5
             ("now", R, 2, {"t_run": 10.0}),  # VLT 0: never preempted
-            ("old", R, 2, {"t_run": 3.0}),  # ran 7 s
+            ("old", R, 2, {"t_run": 2.0}),  # ran 8 s
             ("mid", R, 2, {"t_run": 6.0}),
         ],
         now=10.0,
@@ -187,11 +188,11 @@ CAP_CASES = [
         preempt=["old"],
     ),
     Case(
-        "cap: slots full, memory ample: a VLT below the longest-running request's run "
-        "time frees no slot, not even a shorter-running request's",
+        "cap: slots full, memory ample: a VLT above every running request's run time "
+        "frees no slot: it waits for one a finishing request frees",
         [
             ("w", W, 1, {"t_arr": 0.0}),  # VLT 7.5
-            ("old", R, 2, {"t_run": 2.0}),  # ran 8 s
+            ("old", R, 2, {"t_run": 3.0}),  # ran 7 s
             ("mid", R, 2, {"t_run": 6.0}),  # ran 4 s
         ],
         now=10.0,
@@ -201,7 +202,8 @@ CAP_CASES = [
         admit=[],
     ),
     Case(
-        "cap: slots full, memory ample: a VLT equal to the victim's run time frees no slot",
+        "cap: slots full, memory ample: a victim that has run exactly as long as the "
+        "request has lagged keeps its slot",
         [("s", S, 1, {"t_arr": 0.0, "t_last": 8.0}), ("old", R, 2, {"t_run": 4.0})],
         now=10.0,  # s: VLT 3 * 2 = 6, old ran 6 s
         free=100,
@@ -211,9 +213,9 @@ CAP_CASES = [
     ),
     Case(
         "cap: slots full, memory ample: a rotary request's VLT (alpha times its gap) "
-        "weighs against the run time",
-        [("s", S, 1, {"t_arr": 0.0, "t_last": 7.0}), ("old", R, 2, {"t_run": 2.0})],
-        now=10.0,  # s: VLT 3 * 3 = 9 > 8
+        "below the run time takes the slot",
+        [("s", S, 1, {"t_arr": 0.0, "t_last": 7.0}), ("old", R, 2, {"t_run": 0.0})],
+        now=10.0,  # s: VLT 3 * 3 = 9 < 10
         free=100,
         xfer=10,
         slots=0,
@@ -221,12 +223,22 @@ CAP_CASES = [
         preempt=["old"],
     ),
     Case(
+        "cap: slots full, memory ample: a rotary request's VLT (alpha times its gap) "
+        "above the run time frees no slot, though its gap alone is below it",
+        [("s", S, 1, {"t_arr": 0.0, "t_last": 7.0}), ("old", R, 2, {"t_run": 2.0})],
+        now=10.0,  # s: gap 3 < 8, VLT 3 * 3 = 9 > 8
+        free=100,
+        xfer=10,
+        slots=0,
+        admit=[],
+    ),
+    Case(
         "cap: the first request refused a slot ends the admissions: a smaller VLT that "
         "would need rotated blocks does not take the slot ahead of it",
         [
             ("s", S, 1, {"t_arr": 0.0, "t_last": 7.0}),  # VLT 9, fits in the free block
             ("big", W, 5, {"t_arr": 0.0}),  # VLT 7.5, needs 4 rotated blocks
-            ("r1", R, 1, {"t_run": 0.0}),  # ran 10 s
+            ("r1", R, 1, {"t_run": 2.0}),  # ran 8 s < 9: refuses s its slot
             ("r2", R, 4, {"t_run": 9.0}),
         ],
         now=10.0,
@@ -242,7 +254,7 @@ CAP_CASES = [
             ("s1", S, 1, {"t_arr": 0.0, "t_last": 6.0}),  # VLT 12
             ("s2", S, 1, {"t_arr": 0.0, "t_last": 7.0}),  # VLT 9
             ("w", W, 1, {"t_arr": 0.0}),  # VLT 7.5
-            ("r1", R, 1, {"t_run": 2.0}),  # ran 8 s < 9
+            ("r1", R, 1, {"t_run": 0.0}),  # ran 10 s > 9
             ("r2", R, 1, {"t_run": 10.0}),  # VLT 0
         ],
         now=10.0,
@@ -259,9 +271,9 @@ CAP_CASES = [
             ("w1", W, 1, {"t_arr": 0.0}),
             ("w2", W, 1, {"t_arr": 1.0}),
             ("w3", W, 1, {"t_arr": 2.0}),
-            ("r1", R, 3, {"t_run": 6.0}),  # ran 4 s < w1's VLT 7.5
-            ("r2", R, 3, {"t_run": 7.0}),  # ran 3 s < w2's VLT 6.5
-            ("r3", R, 3, {"t_run": 8.0}),
+            ("r1", R, 3, {"t_run": 0.0}),  # ran 10 s > w1's VLT 7.5
+            ("r2", R, 3, {"t_run": 1.0}),  # ran 9 s > w2's VLT 6.5
+            ("r3", R, 3, {"t_run": 2.0}),  # ran 8 s > w3's VLT 5.5
         ],
         now=10.0,
         free=100,
@@ -283,7 +295,7 @@ CAP_CASES = [
         "cap: no free slot, memory short: the waiting request takes the longest-running "
         "request's slot and blocks (Algorithm 1 preempts it for blocks, whatever its run "
         "time)",
-        [("run", R, 4, {"t_run": 0.0}), ("w", W, 3, {"t_arr": 0.0})],  # VLT 7.5 < 10
+        [("run", R, 4, {"t_run": 5.0}), ("w", W, 3, {"t_arr": 0.0})],  # ran 5 s < VLT 7.5
         now=10.0,
         free=0,
         xfer=10,
@@ -416,10 +428,12 @@ def test_lvf_preempts_only_requests_whose_kv_host_memory_can_take() -> None:
 @pytest.mark.parametrize(
     ("lags", "freed"),
     [
-        ([12.0, 7.0, 1.0], 2),  # 12 > 10, 7 > 6, 1 < 5
-        ([9.0, 8.0], 0),  # 9 < 10: the first refused ends it, though 8 > 6
-        ([10.0], 0),  # equal is not above
-        ([30.0, 20.0, 10.0, 5.0], 3),  # three slots to free, the one at VLT 0 never
+        ([1.0, 9.0, 5.0], 3),  # 9 < 10, 5 < 6, 1 < 5
+        ([9.0, 7.0, 1.0], 1),  # 9 < 10, 7 > 6: refused
+        ([12.0, 5.0], 0),  # 12 > 10: the first refused ends it, though 5 < 6
+        ([10.0], 0),  # a run as long as the lag is not longer
+        ([0.0, 0.0], 0),  # within tolerance (VLT 0): no lag, no slot
+        ([9.0, 5.0, 4.0, 3.0], 3),  # three slots to free, the one at VLT 0 never
     ],
 )
 def test_num_slots_freed_pairs_the_largest_lags_with_the_longest_runs(

@@ -102,15 +102,19 @@ def test_lvf_frees_no_slot_while_nobody_lags() -> None:
     assert [r.t_first_token for r in requests] == [r.t_first_token for r in fcfs]
 
 
-def test_lvf_rotates_through_the_slots_the_running_cap_holds_once_requests_lag() -> None:
+def test_lvf_turns_the_slots_over_at_the_pace_of_the_lag_once_requests_lag() -> None:
     # A TTFT tolerance of one step: the waiting requests lag at once. A running request
-    # yields its slot only to one that has lagged longer than it has run: the first two
-    # ran from the start, longer than anyone has lagged, so they finish untouched; the
-    # later ones rotate as their lag overtakes the run time of the one holding a slot.
-    requests, _, num_preempted = _run_capped(SloSpec("tight", ttft_s=0.02, tbt_s=0.1))
+    # yields its slot to one that lags less than it has run, so the third request takes
+    # a slot from one that ran from the start and starts before FCFS would start it. A
+    # request swapped in keeps its slot until it has run as long as the others lag: the
+    # slots turn over a few times, not every step, and no request is rotated out twice.
+    tight = SloSpec("tight", ttft_s=0.02, tbt_s=0.1)
+    requests, _, num_preempted = _run_capped(tight)
+    fcfs, _, _ = _run_capped(tight, "fcfs")
     assert num_preempted > 0
-    assert [r.num_preemptions for r in requests[:2]] == [0, 0]
-    assert all(r.num_preemptions < r.num_output_tokens for r in requests)
+    assert max(r.num_preemptions for r in requests) <= 1
+    assert requests[2].t_first_token is not None and fcfs[2].t_first_token is not None
+    assert requests[2].t_first_token < fcfs[2].t_first_token
 
 
 def test_lvf_rotates_when_memory_limits_the_slots_it_may_fill() -> None:
