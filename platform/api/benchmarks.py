@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from django.http import FileResponse
+from django.urls import reverse
 from django_filters import rest_framework as filters
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -156,7 +157,10 @@ class BenchmarkRunViewSet(
     def export(self, request: Request, pk: Any = None) -> Response:
         """The run as one JSON document (a download): its job, settings and results."""
         run = self.get_object()
-        response = Response(benchmarks.run_export(run))
+        requests_url = request.build_absolute_uri(
+            reverse("benchmarkrun-requests-csv", args=[run.pk])
+        )
+        response = Response(benchmarks.run_export(run, requests_url=requests_url))
         response["Content-Disposition"] = (
             f'attachment; filename="benchmark-{run.job.name}-{run.pk}.json"'
         )

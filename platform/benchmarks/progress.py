@@ -1,4 +1,10 @@
-"""A run's results as they come: each rate saved on the run and appended to its CSV."""
+"""A run's results as they come: each rate saved on the run and appended to its CSV.
+
+A rate's report as the load generator writes it (``--json``) holds ``errors``, one
+string per request; a run of a million requests would store a million strings in the
+run's JSON column. The database keeps each rate's figures (``error_counts`` among them)
+and the CSV keeps the requests, each with its error.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,14 @@ from django.conf import settings
 from shunter.engine.loadgen.report import CSV_FIELDS
 from shunter.engine.loadgen.runner import RateResult
 from shunter.platform.models import BenchmarkRun
+
+# Fields of a rate's report with one entry per request: in the run's CSV, not its results.
+PER_REQUEST_FIELDS = frozenset({"errors"})
+
+
+def stored_result(row: dict[str, Any]) -> dict[str, Any]:
+    """A rate's report as a run stores it: without ``PER_REQUEST_FIELDS``."""
+    return {k: v for k, v in row.items() if k not in PER_REQUEST_FIELDS}
 
 
 def csv_path(run: BenchmarkRun) -> Path:
@@ -32,7 +46,7 @@ class Progress:
         self._writer.writeheader()
 
     def add(self, series: str, result: RateResult) -> None:
-        self.results.append({"series": series, **result.to_dict()})
+        self.results.append(stored_result({"series": series, **result.to_dict()}))
         self._writer.writerows({"series": series, **row} for row in result.csv_rows())
         self._file.flush()
         BenchmarkRun.objects.filter(pk=self.run_id).update(results=self.results)

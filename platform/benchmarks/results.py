@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from shunter.platform.benchmarks.progress import PER_REQUEST_FIELDS, stored_result
 from shunter.platform.models import BenchmarkRun
 
 
 # -- reads: export and comparison ----------------------------------------------------------
-def run_export(run: BenchmarkRun) -> dict[str, Any]:
+def run_export(run: BenchmarkRun, *, requests_url: str | None = None) -> dict[str, Any]:
     """A run as one JSON document: what ran, how it ended, and its per-rate results
-    (simulated runs say so in ``label``)."""
+    (simulated runs say so in ``label``). Per-request detail is not in it: ``requests``
+    says that each request's row, its error included, is in the run's CSV, downloadable
+    at ``requests_url`` (None while the run has no CSV)."""
 
     def iso(value: Any) -> str | None:
         return value.isoformat() if value is not None else None
@@ -31,7 +34,16 @@ def run_export(run: BenchmarkRun) -> dict[str, Any]:
             "error": run.error,
         },
         "config": run.config,
-        "results": run.results,
+        # Runs stored before results left out the per-request fields still hold them.
+        "results": [stored_result(row) for row in run.results],
+        "requests": {
+            "csv": requests_url if run.requests_csv else None,
+            "left_out": sorted(PER_REQUEST_FIELDS),
+            "note": (
+                "Each request's row (times, tokens, error) is in the run's CSV; the results "
+                "leave out their per-request lists and keep error_counts."
+            ),
+        },
     }
 
 

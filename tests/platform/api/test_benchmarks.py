@@ -171,6 +171,19 @@ def test_export_is_one_json_document(api: HttpsApiClient, job: BenchmarkJob) -> 
     body = response.json()
     assert body["label"] == "MEASURED" and body["config"] == {"rates": [1]}
     assert body["run"]["id"] == run.pk and body["results"] == run.results
+    assert body["requests"]["csv"] is None  # no per-request rows yet
+
+
+def test_export_points_to_the_csv_for_per_request_detail(
+    api: HttpsApiClient, job: BenchmarkJob
+) -> None:
+    # A run stored with its per-request errors (as runs once were): the export leaves them out.
+    stored = {**row("t", 1.0, 10.0, 0.5), "errors": ["", "timeout"], "error_counts": {"timeout": 1}}
+    run = make_run(job, [stored], status="succeeded", requests_csv="/nonexistent/run.csv")
+    body = api.get(f"/api/benchmark-runs/{run.pk}/export/").json()
+    assert body["results"] == [{k: v for k, v in stored.items() if k != "errors"}]
+    assert body["requests"]["csv"].endswith(f"/api/benchmark-runs/{run.pk}/requests/")
+    assert body["requests"]["left_out"] == ["errors"]
 
 
 def test_compare_pairs_series_and_rates(api: HttpsApiClient, job: BenchmarkJob) -> None:

@@ -79,6 +79,14 @@ def test_a_run_whose_every_request_fails_fails_and_keeps_its_rows() -> None:
     assert run.error.startswith("every request at 4 req/s failed; the first: ")
     # The failing rate's figures are kept; the next rate was not tried.
     assert [(r["request_rate"], r["completed"], r["failed"]) for r in run.results] == [(4.0, 0, 3)]
+    # Counts of errors by kind are stored; each request's error is in the CSV only.
+    (stored,) = run.results
+    assert "errors" not in stored and sum(stored["error_counts"].values()) == 3
+    with Path(run.requests_csv).open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["index"] for r in rows] == ["0", "1", "2"]
+    assert all(r["success"] == "False" and r["error_type"] and r["error"] for r in rows)
+    assert {r["error_type"] for r in rows} == set(stored["error_counts"])
 
 
 def test_a_run_past_its_timeout_fails_and_frees_its_target(silent_url: str) -> None:
@@ -129,7 +137,7 @@ def test_a_simulator_scenario_runs_to_its_end_and_stores_its_results() -> None:
     for row in run.results:
         assert row["request_rate"] == 2.0 and row["num_prompts"] > 0
         assert row["completed"] + row["failed"] == row["num_prompts"]
-        assert len(row["errors"]) == row["num_prompts"]
+        assert "errors" not in row  # one per request: in the CSV
         assert 0.0 <= row["slo_attainment"] <= 1.0
     with Path(run.requests_csv).open() as f:
         rows = list(csv.DictReader(f))
@@ -137,6 +145,7 @@ def test_a_simulator_scenario_runs_to_its_end_and_stores_its_results() -> None:
     assert {r["series"] for r in rows} == {"none (temporal)", "combined (temporal)"}
     export = run_export(run)
     assert export["label"] == "SIMULATED" and export["results"] == run.results
+    assert export["requests"]["left_out"] == ["errors"]
 
 
 def test_without_a_broker_run_now_returns_while_the_run_goes_on(
