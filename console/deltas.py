@@ -29,9 +29,14 @@ class Snapshot(TypedDict):
 def _changed_points(
     before: dict[str, dict[str, float | None]], after: dict[str, dict[str, float | None]]
 ) -> dict[str, dict[str, float | None]]:
+    """Points new or changed per tenant; a tenant new to the series is there even
+    without points, so that the page adds its line."""
     changed: dict[str, dict[str, float | None]] = {}
     for tenant_id, points in after.items():
-        old = before.get(tenant_id, {})
+        old = before.get(tenant_id)
+        if old is None:
+            changed[tenant_id] = dict(points)
+            continue
         diff = {t: v for t, v in points.items() if t not in old or old[t] != v}
         if diff:
             changed[tenant_id] = diff
@@ -39,13 +44,16 @@ def _changed_points(
 
 
 def overview_delta(prev: Overview | None, cur: Overview) -> dict[str, Any]:
-    """Tenant rows that changed (whole), tenants removed, series points new or changed,
-    and the series' window starts when they moved. Empty when nothing changed."""
+    """Tenant rows that changed (whole; a tenant created since ``prev`` is one), tenants
+    removed, the rows' ``order`` when tenants came, went or were renamed, series points
+    new or changed, and the series' window starts when they moved. Empty when nothing
+    changed."""
     if prev is None:
         return {
             "at": cur["at"],
             "tenants": cur["tenants"],
             "removed": [],
+            "order": cur["order"],
             "minute": cur["minute"],
             "fine": cur["fine"],
             "minute_since": cur["minute_since"],
@@ -58,6 +66,8 @@ def overview_delta(prev: Overview | None, cur: Overview) -> dict[str, Any]:
     removed = [k for k in prev["tenants"] if k not in cur["tenants"]]
     if removed:
         delta["removed"] = removed
+    if prev["order"] != cur["order"]:
+        delta["order"] = cur["order"]
     for name, before, after in (
         ("minute", prev["minute"], cur["minute"]),
         ("fine", prev["fine"], cur["fine"]),

@@ -75,8 +75,12 @@ class TenantRow(TypedDict):
 
 
 class Overview(TypedDict):
+    """``tenants`` by id; ``order`` their ids in the table's order (by name: a JSON
+    object keyed by ids does not keep it in the browser)."""
+
     at: float
     tenants: dict[str, TenantRow]
+    order: list[str]
     minute: dict[str, dict[str, float | None]]
     fine: dict[str, dict[str, float | None]]
     minute_since: int
@@ -208,6 +212,7 @@ def overview(now: datetime | None = None) -> Overview:
     return {
         "at": now.timestamp(),
         "tenants": rows,
+        "order": list(rows),
         "minute": _minute_series(minute_since, rows),
         "fine": _fine_series(datetime.fromtimestamp(fine_since, UTC), rows),
         "minute_since": int(minute_since.timestamp()),

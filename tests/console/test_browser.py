@@ -20,6 +20,7 @@ from django.db import connections
 from shunter.engine.exec.model_init import init_model_dir, preset_config
 from shunter.platform.models import SloClass
 from shunter.platform.services import deployment_create, model_create, node_poll
+from shunter.tenants.services import tenant_create
 from tests.conftest import REPO
 from tests.console.test_benchmarks import finished_run, result, sim_job
 from tests.platform.gateway.conftest import ENGINE_TOKEN, Engine, Gateway, World, bearer, call
@@ -220,6 +221,32 @@ def test_console_in_a_browser(world: dict[str, Any], web: Gateway, browser: Brow
         timeout=30_000,
     )
     browser.shot("overview")
+
+    # A tenant created now gets its row (in name order) and chart line without a
+    # reload; deleted, both go.
+    newcomer = in_thread(tenant_create, name="a-newcomer")
+    row = f'tr[data-tenant="{newcomer.pk}"]'
+    page.wait_for_selector(row, timeout=30_000)
+    assert page.evaluate(
+        "Array.from(document.querySelectorAll('#tenants tr[data-tenant]'), r => r.dataset.tenant)"
+    ) == [str(newcomer.pk), str(tenant.pk)]
+    assert page.text_content(f"{row} a") == "a-newcomer"
+    assert (
+        cell(browser, newcomer.pk, "w1-joint") == "—"
+        and cell(browser, newcomer.pk, "rps") == "0.00"
+    )
+    page.wait_for_function(
+        "() => document.getElementById('chart-minute').data.some(t => t.name === 'a-newcomer')",
+        timeout=30_000,
+    )
+    browser.shot("overview-new-tenant")
+    in_thread(newcomer.delete)
+    page.wait_for_selector(row, state="detached", timeout=30_000)
+    page.wait_for_function(
+        "() => !document.getElementById('chart-minute').data.some(t => t.name === 'a-newcomer')",
+        timeout=30_000,
+    )
+    assert page.evaluate("window.__notReloaded") is True
 
     # The node page draws the real engine's memory map.
     page.goto(f"{base}/console/nodes/{node.pk}/")

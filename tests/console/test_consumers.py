@@ -108,6 +108,28 @@ async def test_staff_get_a_snapshot_then_deltas(
     assert not broadcaster().running  # the last member left
 
 
+async def test_tenants_created_and_deleted_while_watching_come_and_go(
+    staff_user: AbstractBaseUser, tenant_world: dict[str, Any]
+) -> None:
+    ws = communicator("/ws/console/overview/", await cookie(staff_user))
+    connected, _ = await ws.connect()
+    assert connected
+    first = await ws.receive_json_from(timeout=10)
+    assert first["data"]["order"] == [str(tenant_world["tenant"].pk)]
+
+    created = await database_sync_to_async(make_tenant)(name="a-newcomer")  # sorts first
+    tid = str(created.pk)
+    came = await receive_until(ws, lambda m: tid in m["data"].get("tenants", {}))
+    assert came["data"]["tenants"][tid]["name"] == "a-newcomer"
+    assert came["data"]["order"] == [tid, str(tenant_world["tenant"].pk)]
+    assert came["data"]["minute"][tid] == {} and came["data"]["fine"][tid] == {}
+
+    await database_sync_to_async(created.delete)()
+    went = await receive_until(ws, lambda m: tid in m["data"].get("removed", []))
+    assert went["data"]["order"] == [str(tenant_world["tenant"].pk)]
+    await ws.disconnect()
+
+
 async def test_node_page_gets_steps_rates_and_requests_as_deltas(
     staff_user: AbstractBaseUser,
 ) -> None:

@@ -25,6 +25,7 @@ def overview(**changes: Any) -> Overview:
     base: dict[str, Any] = {
         "at": 100.0,
         "tenants": {"1": row(1, 5), "2": row(2, 0)},
+        "order": ["1", "2"],
         "minute": {"1": {"60": 1.0}, "2": {}},
         "fine": {"1": {"95": 1.0}, "2": {}},
         "minute_since": 0,
@@ -66,6 +67,7 @@ def test_overview_delta_has_changed_rows_points_and_removals() -> None:
     cur = overview(
         at=101.0,
         tenants={"1": row(1, 6)},
+        order=["1"],
         minute={"1": {"60": 0.5, "120": 1.0}},
         fine={"1": {"95": 1.0, "100": 0.0}},
         fine_since=5,
@@ -75,6 +77,7 @@ def test_overview_delta_has_changed_rows_points_and_removals() -> None:
         "at": 101.0,
         "tenants": {"1": row(1, 6)},
         "removed": ["2"],
+        "order": ["1"],
         "minute": {"1": {"60": 0.5, "120": 1.0}},
         "fine": {"1": {"100": 0.0}},
         "fine_since": 5,
@@ -85,6 +88,59 @@ def test_first_overview_delta_is_everything() -> None:
     cur = overview()
     delta = overview_delta(None, cur)
     assert delta["tenants"] == cur["tenants"] and delta["minute"] == cur["minute"]
+    assert delta["order"] == ["1", "2"]
+
+
+def test_a_tenant_created_since_brings_its_row_place_and_lines() -> None:
+    # Tenant 3 ("a new one") sorts first; it has no requests yet, so no points.
+    new = {**row(3, 0), "name": "a new one"}
+    prev = overview()
+    cur = overview(
+        at=101.0,
+        tenants={"3": new, "1": row(1, 5), "2": row(2, 0)},
+        order=["3", "1", "2"],
+        minute={"3": {}, "1": {"60": 1.0}, "2": {}},
+        fine={"3": {}, "1": {"95": 1.0}, "2": {}},
+    )
+    assert overview_delta(prev, cur) == {
+        "at": 101.0,
+        "tenants": {"3": new},
+        "order": ["3", "1", "2"],
+        "minute": {"3": {}},
+        "fine": {"3": {}},
+    }
+    # Its first request: only its points follow.
+    later = overview(
+        at=102.0,
+        tenants={"3": {**new, "windows": row(3, 1)["windows"]}, "1": row(1, 5), "2": row(2, 0)},
+        order=["3", "1", "2"],
+        minute={"3": {"60": 0.0}, "1": {"60": 1.0}, "2": {}},
+        fine={"3": {"100": 0.0}, "1": {"95": 1.0}, "2": {}},
+    )
+    delta = overview_delta(cur, later)
+    assert set(delta) == {"at", "tenants", "minute", "fine"}
+    assert delta["minute"] == {"3": {"60": 0.0}} and delta["fine"] == {"3": {"100": 0.0}}
+
+
+def test_a_deleted_tenant_is_removed_with_its_place_and_lines() -> None:
+    cur = overview(
+        at=101.0,
+        tenants={"2": row(2, 0)},
+        order=["2"],
+        minute={"2": {}},
+        fine={"2": {}},
+    )
+    assert overview_delta(overview(), cur) == {"at": 101.0, "removed": ["1"], "order": ["2"]}
+
+
+def test_a_renamed_tenant_moves_to_its_place() -> None:
+    renamed = {**row(2, 0), "name": "a first"}
+    cur = overview(tenants={"1": row(1, 5), "2": renamed}, order=["2", "1"])
+    assert overview_delta(overview(), cur) == {
+        "at": 100.0,
+        "tenants": {"2": renamed},
+        "order": ["2", "1"],
+    }
 
 
 def test_node_delta_sends_changed_fields_and_new_steps_only() -> None:

@@ -77,12 +77,59 @@
       fine: { div: plot("chart-fine", readJSON("fig-fine")), points: {}, since: 0 }
     };
     var names = {};
+    var body = document.querySelector("#tenants tbody");
 
+    function rowOf(id) {
+      return body.querySelector('tr[data-tenant="' + id + '"]');
+    }
+
+    // Django's floatformat:"-2": no decimals for a whole number, else two.
+    function target(value) {
+      return Number.isInteger(value) ? String(value) : Number(value).toFixed(2);
+    }
+
+    // A row as overview.html writes it, for a tenant created after the page loaded.
+    function newRow(id) {
+      var tr = document.createElement("tr");
+      tr.dataset.tenant = id;
+      var name = document.createElement("td");
+      var link = document.createElement("a");
+      link.href = body.dataset.tenantUrl.replace(/0\/$/, id + "/");
+      name.appendChild(link);
+      tr.appendChild(name);
+      tr.appendChild(document.createElement("td"));
+      var fields = [];
+      WINDOWS.forEach(function (w) { fields.push("w" + w + "-ttft", "w" + w + "-tbt", "w" + w + "-joint"); });
+      fields.concat(["rps", "tps", "errors"]).forEach(function (field) {
+        var td = document.createElement("td");
+        td.dataset.field = field;
+        td.className = "num";
+        tr.appendChild(td);
+      });
+      body.appendChild(tr);
+      return tr;
+    }
+
+    // Updates (or adds) the tenant's row; true when its chart lines need redrawing:
+    // a new tenant or a new name.
     function updateRow(id, row) {
+      var relabel = names[id] !== row.name;
       names[id] = row.name;
-      var tr = document.querySelector('tr[data-tenant="' + id + '"]');
-      if (!tr) return;  // a tenant created after the page loaded: shown on reload
+      var tr = rowOf(id) || newRow(id);
       tr.className = "row-" + row.status;
+      var name = tr.cells[0];
+      name.querySelector("a").textContent = row.name;
+      var tag = name.querySelector(".tag");
+      if (!row.active && !tag) {
+        tag = document.createElement("span");
+        tag.className = "tag";
+        tag.textContent = "inactive";
+        name.append(" ", tag);
+      } else if (row.active && tag) {
+        tag.previousSibling.remove();  // the space before it
+        tag.remove();
+      }
+      tr.cells[1].textContent = row.slo_class + " (" + target(row.target) + ")";
       WINDOWS.forEach(function (w) {
         var a = row.windows[w];
         setCell(tr.querySelector('[data-field="w' + w + '-ttft"]'), percent(a.ttft));
@@ -92,6 +139,7 @@
       setCell(tr.querySelector('[data-field="rps"]'), fixed(row.requests_per_s, 2));
       setCell(tr.querySelector('[data-field="tps"]'), fixed(row.tokens_per_s, 1));
       setCell(tr.querySelector('[data-field="errors"]'), String(row.errors));
+      return relabel;
     }
 
     function redraw(chart, at) {
@@ -128,20 +176,43 @@
       });
     }
 
+    function forget(id) {
+      delete charts.minute.points[id];
+      delete charts.fine.points[id];
+      delete names[id];
+      var tr = rowOf(id);
+      if (tr) tr.remove();
+    }
+
+    // Rows in the server's order; rows it no longer has go (after a reconnect the
+    // snapshot, not a delta, tells of tenants deleted meanwhile).
+    function arrange(order) {
+      var keep = {};
+      order.forEach(function (id) { keep[id] = true; });
+      Array.prototype.forEach.call(body.querySelectorAll("tr[data-tenant]"), function (tr) {
+        if (!keep[tr.dataset.tenant]) forget(tr.dataset.tenant);
+      });
+      order.forEach(function (id) {
+        var tr = rowOf(id);
+        if (tr) body.appendChild(tr);
+      });
+      document.getElementById("no-tenants").hidden = order.length > 0;
+    }
+
     function apply(delta, full) {
       if (full) { charts.minute.points = {}; charts.fine.points = {}; }
-      Object.keys(delta.tenants || {}).forEach(function (id) { updateRow(id, delta.tenants[id]); });
-      (delta.removed || []).forEach(function (id) {
-        delete charts.minute.points[id];
-        delete charts.fine.points[id];
-        var tr = document.querySelector('tr[data-tenant="' + id + '"]');
-        if (tr) tr.remove();
+      var lines = false;  // tenants came, went or were renamed: redraw both charts
+      Object.keys(delta.tenants || {}).forEach(function (id) {
+        if (updateRow(id, delta.tenants[id])) lines = true;
       });
-      if (delta.minute || delta.minute_since !== undefined) {
+      (delta.removed || []).forEach(forget);
+      if (delta.order) arrange(delta.order);
+      lines = lines || Boolean(delta.removed || delta.order);
+      if (lines || delta.minute || delta.minute_since !== undefined) {
         merge(charts.minute, delta.minute, delta.minute_since);
         redraw(charts.minute, delta.at);
       }
-      if (delta.fine || delta.fine_since !== undefined) {
+      if (lines || delta.fine || delta.fine_since !== undefined) {
         merge(charts.fine, delta.fine, delta.fine_since);
         redraw(charts.fine, delta.at);
       }
