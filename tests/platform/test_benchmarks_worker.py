@@ -42,6 +42,7 @@ from shunter.platform.benchmarks import (
 from shunter.platform.benchmarks.targets import BENCHMARK_TENANT
 from shunter.platform.models import BenchmarkJob, BenchmarkRun, Deployment, Model, Node, SloClass
 from shunter.tenants.models import ApiKey, RequestRecord
+from tests import waiting
 from tests.conftest import VENV_BIN, free_port
 from tests.platform.api.crud import staff_client
 from tests.platform.gateway.conftest import ENGINE_TOKEN, Engine, Process, wait_database_quiet
@@ -146,15 +147,9 @@ def worker(
 def wait_for(
     predicate: Callable[[], Any], timeout: float, what: str, log: Process | None = None
 ) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            tail = log.output()[-3000:] if log is not None else ""
-            raise AssertionError(f"timed out waiting for {what}\n{tail}")
-        time.sleep(0.1)
+    """``waiting.wait_for`` with the tail of ``log``'s output when it times out."""
+    detail = None if log is None else (lambda: log.output()[-3000:])
+    return waiting.wait_for(predicate, timeout, what, interval=0.1, detail=detail)
 
 
 def run_status(run: BenchmarkRun) -> str:

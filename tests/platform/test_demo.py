@@ -16,18 +16,17 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
 from shunter.platform.demo import DEMO_LAYERS
 from tests.conftest import REPO, VENV_BIN, free_port
+from tests.waiting import wait_for as wait_for_value
 
 pytestmark = pytest.mark.slow
 PASSWORD = "demo pass 4 tests"
-T = TypeVar("T")
 
 
 def wait_for(url: str, proc: subprocess.Popen[str], timeout: float) -> None:
@@ -40,17 +39,6 @@ def wait_for(url: str, proc: subprocess.Popen[str], timeout: float) -> None:
         except (urllib.error.URLError, ConnectionError):
             time.sleep(0.3)
     raise AssertionError(f"{url} did not answer within {timeout}s")
-
-
-def eventually(check: Callable[[], T | None], timeout: float, what: str) -> T:
-    """``check()``'s first truthy value within ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"no {what} within {timeout}s"
-        time.sleep(1)
 
 
 def console_login(base: str, username: str, password: str) -> urllib.request.OpenerDirector:
@@ -152,7 +140,7 @@ def test_demo_brings_the_platform_up(clean_env: dict[str, str], tmp_path: Path) 
             url = f"{base}/api/records/?tenant={batch['id']}&status=ok"
             return list(get_json(opener, url)["results"])
 
-        records = eventually(load_records, 90, "record from the load generator")
+        records = wait_for_value(load_records, 90, "a record from the load generator", interval=1)
         assert records[0]["model_name"] == "tiny-qwen2" and records[0]["stream"]
         assert records[0]["ttft_ms"] > 0
 

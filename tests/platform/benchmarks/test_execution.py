@@ -8,7 +8,7 @@ import csv
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,19 +27,12 @@ from shunter.platform.models import BenchmarkJob, BenchmarkRun
 from shunter.platform.tasks import benchmark_run_task
 from tests.conftest import free_port
 from tests.platform.api.crud import staff_client
+from tests.waiting import wait_for
 
 # Committed rows, as the worker sees them; serialized_rollback as every transactional
 # test here, so the seeded rows come back and no later test finds them missing.
 pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
 NO_WORKER = "test-no-worker"  # a queue no worker consumes: these tests execute runs
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return value
 
 
 @pytest.fixture
