@@ -116,9 +116,12 @@ def num_slots_freed(lags: Iterable[float], running: Iterable[Request], now: floa
     memory has room: the largest VLT against the longest-running request, the next
     against the next, up to the first refused. Host space and B_xfer, which LVF also
     respects, are not counted: at most what LVF frees."""
+    lagging = sorted((vlt for vlt in lags if vlt > 0.0), reverse=True)
+    if not lagging:  # nobody lags: no slot is freed, and the running need no sort
+        return 0
     n = 0
     tail = _longest_running(running, now)
-    for vlt, victim in zip(sorted(lags, reverse=True), tail, strict=False):
+    for vlt, victim in zip(lagging, tail, strict=False):
         if not frees_slot(vlt, victim, now):
             break
         n += 1

@@ -18,7 +18,6 @@ from shunter.engine.config import (
     CAPACITY_SOURCES,
     RemapConfig,
     SchedulerConfig,
-    SloSpec,
     TenantSpec,
 )
 from shunter.engine.sim import report
@@ -28,6 +27,7 @@ from shunter.engine.sim.metrics import summarize
 from shunter.engine.sim.mix import mixed_workload
 from shunter.engine.sim.runner import SimConfig, SimRun, simulate
 from shunter.engine.sim.scenario import VARIANTS, get_scenario
+from shunter.engine.sim.sweep import sweep_slo
 from shunter.engine.sim.workload import WorkloadRequest, lengths_from, load_trace
 
 # B_xfer is counted in SuperInfer's blocks: 16 tokens of Qwen2.5-32B's KV, 4 MiB. A
@@ -104,14 +104,7 @@ class ScenarioSpec:
         KV floor from the scenario."""
         scenario, v = get_scenario(self.scenario), VARIANTS[variant]
         hardware = get_profile(self.hardware_name)
-        slo = SloSpec(
-            "default",
-            ttft_s=self.ttft_slo_s,
-            tbt_s=self.tbt_slo_s,
-            alpha=self.alpha,
-            beta_b=self.beta_b,
-            beta_f=self.beta_f,
-        )
+        slo = sweep_slo(self)
         floors = scenario.kv_floors(hardware.hbm_bytes)
         config = SimConfig(
             models=scenario.models,

@@ -7,7 +7,7 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from shunter.engine.config import SchedulerConfig, SloSpec
 from shunter.engine.sim import report
@@ -23,6 +23,33 @@ from shunter.engine.sim.workload import (
     lengths_from,
     load_trace,
 )
+
+
+class SloKnobs(Protocol):
+    """A sweep's SLO targets and VLT weights, as the CLI gives them."""
+
+    @property
+    def ttft_slo_s(self) -> float: ...
+    @property
+    def tbt_slo_s(self) -> float: ...
+    @property
+    def alpha(self) -> float: ...
+    @property
+    def beta_b(self) -> float: ...
+    @property
+    def beta_f(self) -> float: ...
+
+
+def sweep_slo(knobs: SloKnobs) -> SloSpec:
+    """The one SLO class every simulated request of a sweep carries."""
+    return SloSpec(
+        "default",
+        ttft_s=knobs.ttft_slo_s,
+        tbt_s=knobs.tbt_slo_s,
+        alpha=knobs.alpha,
+        beta_b=knobs.beta_b,
+        beta_f=knobs.beta_f,
+    )
 
 
 @dataclass(frozen=True)
@@ -55,14 +82,7 @@ class SweepSpec:
         return SimConfig(
             models=(get_model(self.model),),
             hardware=get_profile(self.hardware),
-            slo=SloSpec(
-                "default",
-                ttft_s=self.ttft_slo_s,
-                tbt_s=self.tbt_slo_s,
-                alpha=self.alpha,
-                beta_b=self.beta_b,
-                beta_f=self.beta_f,
-            ),
+            slo=sweep_slo(self),
             scheduler=SchedulerConfig(
                 policy=policy,
                 xfer_budget_blocks=self.xfer_budget,
