@@ -64,6 +64,14 @@ def submit_db(fn: Callable[[], T]) -> concurrent.futures.Future[T]:
     return _db_pool.submit(job)
 
 
+async def await_shared(future: concurrent.futures.Future[T]) -> T:
+    """Wait for ``future``, a read that other requests wait for too. Cancelling this
+    waiter (its client left) ends only this wait: the read goes on for the others. A
+    plain ``asyncio.wrap_future`` would cancel the shared future with it, and every other
+    waiter would get ``CancelledError``."""
+    return await asyncio.shield(asyncio.wrap_future(future))
+
+
 async def run_db(fn: Callable[[], T]) -> T:
     """Run ``fn`` (ORM code) in the gateway's database threads and await its result."""
     return await asyncio.wrap_future(submit_db(fn))
@@ -211,7 +219,7 @@ class KeyAuthenticator:
             if now - hit[0] >= REFRESH_AT * self.ttl_s and grant is not None:
                 self._read(secret, digest, now)  # in the background
         else:
-            grant = await asyncio.wrap_future(self._read(secret, digest, now))
+            grant = await await_shared(self._read(secret, digest, now))
         if grant is None:
             raise invalid_key("Incorrect API key provided.")
         try:

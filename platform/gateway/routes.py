@@ -11,7 +11,6 @@ one read.
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import itertools
 import threading
@@ -21,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shunter.platform.gateway.errors import engine_unavailable, model_not_found
-from shunter.tenants.auth import REFRESH_AT, KeyGrant, forbidden, submit_db
+from shunter.tenants.auth import REFRESH_AT, KeyGrant, await_shared, forbidden, submit_db
 
 ROUTES_CACHE_S = 2.0
 MIN_READ_S = 0.2
@@ -100,7 +99,7 @@ class RouteTable:
         if age >= self.ttl_s or (unknown and age >= MIN_READ_S):
             # A read started this recently serves as well as a new one would.
             recent = MIN_READ_S if unknown else self.ttl_s
-            await asyncio.wrap_future(self._read(now, after=now - recent))
+            await await_shared(self._read(now, after=now - recent))
         elif age >= REFRESH_AT * self.ttl_s:
             self._read(now, after=self._read_at)
         return self._table

@@ -14,12 +14,14 @@ from django.utils import timezone
 
 from shunter.engine.server.errors import ApiError
 from shunter.tenants.auth import (
+    DB_THREADS,
     KeyAuthenticator,
     KeyGrant,
     bearer_secret,
     close_db_connections,
     load_grant,
     run_db,
+    submit_db,
 )
 from shunter.tenants.keys import secret_digest
 from shunter.tenants.models import ApiKey
@@ -238,3 +240,24 @@ async def test_concurrent_misses_share_one_read_and_a_key_in_use_is_read_again_b
     # Answered from the cache: no read at 1003.1 was waited for (the second read's entry,
     # now past half its bound, may be read again behind the answer).
     assert loads[:2] == [1000.0, 1001.5] and len(loads) <= 3
+
+
+async def test_a_request_that_leaves_does_not_cancel_the_key_read_others_wait_for() -> None:
+    auth = KeyAuthenticator(ttl_s=3.0, clock=Clock())
+
+    def setup() -> tuple[ApiKey, str]:
+        return api_key_create(all_deployments=True, tenant=make_tenant(), name="k")
+
+    key, secret = await run_db(setup)
+    release = threading.Event()
+    for _ in range(DB_THREADS):  # the database threads are busy: the read waits its turn
+        submit_db(lambda: release.wait(10))
+    try:
+        waiting = [asyncio.ensure_future(auth.authenticate(f"Bearer {secret}")) for _ in range(4)]
+        await asyncio.sleep(0.05)
+        waiting[0].cancel()  # that client disconnected
+        await asyncio.sleep(0.05)
+    finally:
+        release.set()
+    grants = await asyncio.wait_for(asyncio.gather(*waiting[1:]), timeout=5)
+    assert {g.api_key_id for g in grants} == {key.pk} and waiting[0].cancelled()

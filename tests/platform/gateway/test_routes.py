@@ -10,7 +10,7 @@ import pytest
 
 from shunter.engine.server.errors import ApiError
 from shunter.platform.gateway.routes import Route, RouteTable
-from shunter.tenants.auth import KeyGrant
+from shunter.tenants.auth import DB_THREADS, KeyGrant, submit_db
 from shunter.tenants.quotas import Limits
 
 
@@ -122,3 +122,28 @@ async def test_the_table_is_read_again_in_the_background_and_kept_within_its_bou
     clock.now += 0.3
     assert (await routes.choose(grant(1, 2), "n")).deployment_id == 2
     assert rows.reads == [1000.0, 1001.0, 1003.5, 1003.8]
+
+
+def occupy_db_threads() -> threading.Event:
+    """Hold every gateway database thread (the database is slow): reads queue behind."""
+    release = threading.Event()
+    for _ in range(DB_THREADS):
+        submit_db(lambda: release.wait(10))
+    return release
+
+
+async def test_a_waiter_that_leaves_does_not_cancel_the_read_the_others_wait_for() -> None:
+    clock = Clock()
+    rows = Rows(clock)
+    routes = RouteTable(ttl_s=2.0, load=rows.load, clock=clock)
+    release = occupy_db_threads()
+    try:
+        waiting = [asyncio.ensure_future(routes.choose(grant(1), "m")) for _ in range(4)]
+        await asyncio.sleep(0.05)
+        waiting[0].cancel()  # its client disconnected while the read was queued
+        await asyncio.sleep(0.05)
+    finally:
+        release.set()
+    results = await asyncio.wait_for(asyncio.gather(*waiting[1:]), timeout=5)
+    assert {r.deployment_id for r in results} == {1}
+    assert waiting[0].cancelled() and rows.reads == [1000.0]
