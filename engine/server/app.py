@@ -22,11 +22,11 @@ from aiohttp import web
 from shunter.engine.server.context import REQUEST_ID, STATE, ServerState
 from shunter.engine.server.deployments import put_deployments
 from shunter.engine.server.errors import ApiError
+from shunter.engine.server.jsonbody import MAX_BODY_BYTES
 from shunter.engine.server.openai_api import chat_completions, completions
-from shunter.engine.server.state import engine_state
+from shunter.engine.server.state import with_config
 
 log = logging.getLogger("shunter.engine.server")
-MAX_BODY_BYTES = 4 * 1024 * 1024
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -61,7 +61,14 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
             raise
         kind = "invalid_request_error" if e.status < 500 else "server_error"
         error = ApiError(e.status, e.reason, type=kind, code=None)
-        return web.json_response(error.body(), status=e.status)
+        headers: dict[str, str] = {}
+        if isinstance(e, web.HTTPNotFound):
+            error.message, error.code = f"No route {request.method} {request.path}.", "unknown_url"
+        elif isinstance(e, web.HTTPMethodNotAllowed):
+            headers["Allow"] = e.headers["Allow"]
+            error.message = f"Use {e.headers['Allow']} on {request.path}."
+            error.code = "method_not_allowed"
+        return web.json_response(error.body(), status=e.status, headers=headers)
     except (asyncio.CancelledError, ConnectionResetError):
         raise
     except Exception:
@@ -97,9 +104,17 @@ async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 async def health(request: web.Request) -> web.Response:
+    """200 ``{"status": "ok"}``; 503 ``draining``, or ``stalled`` when the engine loop
+    has published no snapshot for its ``stall_after_s`` while busy. Answers from the
+    loop's snapshot, never waiting for a step: a long step is not a failure.
+    A stalled answer carries ``snapshot_age_s``, the age of the last snapshot."""
     state = request.app[STATE]
     if state.draining:
         return web.json_response({"status": "draining"}, status=503)
+    loop = state.loop
+    if loop is not None and loop.stalled:
+        age = round(loop.snapshot.age_s(), 3)
+        return web.json_response({"status": "stalled", "snapshot_age_s": age}, status=503)
     return web.json_response({"status": "ok"})
 
 
@@ -125,12 +140,21 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def admin_state(request: web.Request) -> web.Response:
+    """The engine loop's latest snapshot (``engine.server.state``), never waiting for a
+    step, with ``t_snapshot`` (Unix time it was taken), ``snapshot_age_s`` and
+    ``stalled`` (see ``health``), and the server's ``error``, ``draining`` and
+    ``reconciling``."""
     state = request.app[STATE]
     loop, models = state.loop, state.models
     if loop is None:
         snapshot: dict[str, Any] = {"models": {}, "error": state.failure}
     else:
-        snapshot = await loop.call(lambda: engine_state(loop, models))
+        published = loop.snapshot
+        age = published.age_s()
+        snapshot = with_config(published.state, models)
+        snapshot["t_snapshot"] = time.time() - age
+        snapshot["snapshot_age_s"] = age
+        snapshot["stalled"] = loop.stalled
         snapshot["error"] = None
     snapshot["draining"] = state.draining
     snapshot["reconciling"] = state.reconciling

@@ -11,8 +11,9 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from shunter.engine.server.app import MAX_BODY_BYTES, build_app
+from shunter.engine.server.app import build_app
 from shunter.engine.server.context import ServerState
+from shunter.engine.server.jsonbody import MAX_BODY_BYTES
 
 T = TypeVar("T")
 

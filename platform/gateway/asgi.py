@@ -24,7 +24,7 @@ from django.http.request import split_domain_port, validate_host
 from django.utils.datastructures import CaseInsensitiveMapping
 
 from shunter.platform.gateway.errors import ApiError
-from shunter.platform.gateway.proxy import close_upstream
+from shunter.platform.gateway.proxy import close_upstream, records
 from shunter.platform.gateway.replies import GatewayRequest, Reply, error_reply
 from shunter.platform.gateway.views import handle, request_id_of
 
@@ -36,6 +36,9 @@ ASGIApp = Callable[[Any, Any, Any], Awaitable[None]]
 
 log = logging.getLogger("shunter.gateway")
 ROUTE = re.compile(r"^/(?:models/(?P<name>[^/]+)/)?v1/(?P<endpoint>.*)$")
+# The gateway's part of the URL space: a path here that ROUTE does not match (``/v1``, a
+# name with an encoded ``/``) is the gateway's 404, not Django's HTML one.
+GATEWAY_PATH = re.compile(r"^/(?:v1|models)(?:/|$)")
 
 
 class Disconnected(Exception):
@@ -61,10 +64,11 @@ class GatewayFastPath:
             self.https_headers.append((b"x-content-type-options", b"nosniff"))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        match = ROUTE.match(scope["path"]) if scope["type"] == "http" else None
-        if match is None:
+        if scope["type"] != "http" or not GATEWAY_PATH.match(scope["path"]):
             await self.app(scope, receive, send)
             return
+        match = ROUTE.match(scope["path"])
+        endpoint, name = (match["endpoint"], match["name"]) if match else ("", None)
         headers = CaseInsensitiveMapping(
             {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         )
@@ -81,7 +85,7 @@ class GatewayFastPath:
             await self._send(error_reply(e, request_id_of(headers)), send, secure)
             return
         request = GatewayRequest(scope["method"], scope["path"], headers, body)
-        respond = asyncio.ensure_future(self._respond(request, match, send, secure))
+        respond = asyncio.ensure_future(self._respond(request, endpoint, name, send, secure))
         disconnect = asyncio.ensure_future(_disconnected(receive))
         done, _ = await asyncio.wait({respond, disconnect}, return_when=asyncio.FIRST_COMPLETED)
         for task in (respond, disconnect):
@@ -124,10 +128,10 @@ class GatewayFastPath:
                 return b"".join(chunks)
 
     async def _respond(
-        self, request: GatewayRequest, match: re.Match[str], send: Send, secure: bool
+        self, request: GatewayRequest, endpoint: str, name: str | None, send: Send, secure: bool
     ) -> None:
         try:
-            reply = await handle(request, match["endpoint"], match["name"])
+            reply = await handle(request, endpoint, name)
         except Exception:
             log.exception("unhandled error in %s %s", request.method, request.path)
             error = ApiError(500, "Internal server error.", type="server_error")
@@ -164,11 +168,13 @@ async def _disconnected(receive: Receive) -> None:
 
 
 async def gateway_lifespan(scope: Scope, receive: Receive, send: Send) -> None:
-    """The ASGI lifespan protocol: nothing to start; at shutdown (after the server's last
-    request), ``close_upstream`` on the serving loop."""
+    """The ASGI lifespan protocol: at startup, the replay of records an earlier process
+    spooled; at shutdown (after the server's last request), ``close_upstream`` on the
+    serving loop."""
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":
+            records.start()
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
             try:

@@ -13,5 +13,6 @@ urlpatterns: list[URLPattern | URLResolver] = [
         "models/<str:name>/v1/chat/completions", views.chat_completions, name="gateway-model-chat"
     ),
     path("models/<str:name>/v1/completions", views.completions, name="gateway-model-completions"),
-    re_path(r"^(?:models/[^/]+/)?v1/", views.unknown, name="gateway-unknown"),
+    # The rest of the gateway's URL space (``/v1``, a name with an encoded ``/``): 404.
+    re_path(r"^(?:v1|models)(?:/|$)", views.unknown, name="gateway-unknown"),
 ]
