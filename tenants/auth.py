@@ -13,7 +13,9 @@ every ``touch_every_s`` seconds per key, off the request's path.
 
 Refusals are OpenAI error bodies: 401 ``invalid_api_key`` for a missing, malformed,
 unknown, revoked or expired key; 403 for an inactive tenant or a deployment outside the
-key's scopes. The secret never appears in a message or a log line.
+key's scopes; 503 ``database_unavailable`` (with ``Retry-After``) when the key must be
+read and the database is unreachable: cached keys keep being served until their entries
+expire (``ttl_s``), and no longer. The secret never appears in a message or a log line.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
-from django.db import close_old_connections, connections
+from django.db import InterfaceError, OperationalError, close_old_connections, connections
 from django.utils import timezone
 
 from shunter.engine.server.errors import ApiError
@@ -70,6 +72,30 @@ async def await_shared(future: concurrent.futures.Future[T]) -> T:
     plain ``asyncio.wrap_future`` would cancel the shared future with it, and every other
     waiter would get ``CancelledError``."""
     return await asyncio.shield(asyncio.wrap_future(future))
+
+
+# What Django raises when the database cannot be reached or the connection broke.
+DATABASE_DOWN = (OperationalError, InterfaceError)
+
+
+def database_unavailable() -> ApiError:
+    """The refusal of a request that needs the database while it is unreachable."""
+    return ApiError(
+        503,
+        "The service's database is unreachable; try again in a few seconds.",
+        type="service_unavailable",
+        code="database_unavailable",
+    )
+
+
+async def await_read(future: concurrent.futures.Future[T]) -> T:
+    """``await_shared`` for a database read: an unreachable database is the ApiError
+    ``database_unavailable`` (503), not the driver's exception."""
+    try:
+        return await await_shared(future)
+    except DATABASE_DOWN as e:
+        log.warning("database unreachable: %s", e)
+        raise database_unavailable() from None
 
 
 async def run_db(fn: Callable[[], T]) -> T:
@@ -219,7 +245,7 @@ class KeyAuthenticator:
             if now - hit[0] >= REFRESH_AT * self.ttl_s and grant is not None:
                 self._read(secret, digest, now)  # in the background
         else:
-            grant = await await_shared(self._read(secret, digest, now))
+            grant = await await_read(self._read(secret, digest, now))
         if grant is None:
             raise invalid_key("Incorrect API key provided.")
         try:

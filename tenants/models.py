@@ -7,6 +7,7 @@ tenant, so no view or selector can forget it.
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 
 from django.db import models
@@ -105,7 +106,11 @@ class RequestRecord(models.Model):
 
     ``tpot_ms`` and ``tbt_met`` are None when the gateway cannot see the gaps between
     tokens: a non-streamed response shows all of them at once, and only Shunter's
-    engine reports them (``X-Shunter-Timing``). Unknown is not met."""
+    engine reports them (``X-Shunter-Timing``). Unknown is not met.
+
+    ``record_key`` is the record's idempotency key, given when it is made: a record
+    written again (replayed from the gateway's spool after an outage) is not counted
+    twice. Records from before the key existed have none."""
 
     class Endpoint(models.TextChoices):
         CHAT = "chat"
@@ -117,6 +122,9 @@ class RequestRecord(models.Model):
         ABORTED = "aborted"
 
     request_id = models.CharField(max_length=128, db_index=True)
+    record_key = models.UUIDField(
+        unique=True, null=True, blank=True, default=uuid.uuid4, editable=False
+    )
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="requests")
     api_key = models.ForeignKey(
         ApiKey, on_delete=models.SET_NULL, null=True, blank=True, related_name="requests"

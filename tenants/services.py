@@ -7,6 +7,7 @@ the admin and the REST API show them as form errors and 400 responses.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
@@ -247,13 +248,25 @@ def request_record_create(
     status: str,
     error_type: str = "",
     http_status: int = 200,
+    record_key: uuid.UUID | None = None,
 ) -> RequestRecord:
     """Record one request and add it to its minute's rollup (of its arrival).
 
     The SLO flags are judged against the request's class (``request_slo_class``: the
     tenant's when set, else the deployment's). Requests that reached no deployment are
     recorded but not rolled up (rollups are per deployment).
+
+    ``record_key`` (the idempotency key; a new one when not given): when a record with
+    that key exists already, it is returned and nothing is added. Two writers racing
+    with one key: the second fails on the key's unique constraint, inside its own
+    transaction, so its rollup is not added either.
     """
+    if record_key is not None:
+        existing: RequestRecord | None = RequestRecord.objects.filter(
+            record_key=record_key
+        ).first()
+        if existing is not None:
+            return existing
     ttft_met, tbt_met = slo_flags(
         slo=request_slo_class(tenant, deployment),
         status=status,
@@ -263,6 +276,7 @@ def request_record_create(
     )
     record = RequestRecord(
         request_id=request_id,
+        record_key=record_key or uuid.uuid4(),
         tenant=tenant,
         api_key=api_key,
         deployment=deployment,
@@ -283,7 +297,8 @@ def request_record_create(
         error_type=error_type,
         http_status=http_status,
     )
-    record.full_clean(exclude=["tenant", "api_key", "deployment"])
+    # The key's uniqueness is the constraint's to enforce (checked above already).
+    record.full_clean(exclude=["tenant", "api_key", "deployment", "record_key"])
     record.save()
     if deployment is not None:
         _rollup_add(record, deployment)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from django.core.exceptions import SynchronousOnlyOperation
 from django.test import Client
 
 REPO = Path(__file__).resolve().parent.parent
@@ -28,6 +30,31 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def database_down() -> Iterator[None]:
+    """PostgreSQL unreachable for this process: its open connections (the test's, the
+    gateway's database threads') are closed, and new ones go to a port where nothing
+    listens, until the block ends. Every thread's connections share one settings dict."""
+    from django.db import connection
+
+    from shunter.tenants.auth import close_db_connections
+
+    def close_connections() -> None:
+        close_db_connections()
+        # An async test's own thread runs the loop and holds no connection to close.
+        with contextlib.suppress(SynchronousOnlyOperation):
+            connection.close()
+
+    close_connections()
+    port = connection.settings_dict["PORT"]
+    connection.settings_dict["PORT"] = str(free_port())
+    try:
+        yield
+    finally:
+        connection.settings_dict["PORT"] = port
+        close_connections()
 
 
 @pytest.fixture

@@ -18,6 +18,10 @@ _ids = random.Random()
 os.register_at_fork(after_in_child=_ids.seed)
 
 
+# The Retry-After of a 503: outages of an engine or the database last seconds at least.
+UNAVAILABLE_RETRY_AFTER_S = 1
+
+
 def new_id() -> str:
     """A fresh random id, 32 hex digits (unique across requests and processes)."""
     return f"{_ids.getrandbits(128):032x}"
@@ -52,5 +56,10 @@ def json_reply(payload: Any, status: int = 200, headers: Mapping[str, str] | Non
 def error_reply(
     error: ApiError, request_id: str, headers: Mapping[str, str] | None = None
 ) -> Reply:
-    """``error``'s OpenAI body, with the request id and any extra headers."""
-    return json_reply(error.body(), error.status, {**(headers or {}), "X-Request-Id": request_id})
+    """``error``'s OpenAI body, with the request id and any extra headers; a 503 (a
+    part of the service is down) says when to try again (``Retry-After``) unless the
+    extra headers do."""
+    extra = {**(headers or {}), "X-Request-Id": request_id}
+    if error.status == 503:
+        extra.setdefault("Retry-After", str(UNAVAILABLE_RETRY_AFTER_S))
+    return json_reply(error.body(), error.status, extra)

@@ -6,7 +6,8 @@ of the read): a deployment that is disabled or a node that turns unhealthy is se
 that bound; a deployment that a key's grant names but the table lacks (just created)
 makes the table be read again. Under traffic the table is read again in the background
 once it is half as old as the bound, so requests rarely wait for it; those that do share
-one read.
+one read. While the database is unreachable the table serves until it expires; then
+requests get a 503 ``database_unavailable``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shunter.platform.gateway.errors import engine_unavailable, model_not_found
-from shunter.tenants.auth import REFRESH_AT, KeyGrant, await_shared, forbidden, submit_db
+from shunter.tenants.auth import REFRESH_AT, KeyGrant, await_read, forbidden, submit_db
 
 ROUTES_CACHE_S = 2.0
 MIN_READ_S = 0.2
@@ -99,7 +100,7 @@ class RouteTable:
         if age >= self.ttl_s or (unknown and age >= MIN_READ_S):
             # A read started this recently serves as well as a new one would.
             recent = MIN_READ_S if unknown else self.ttl_s
-            await await_shared(self._read(now, after=now - recent))
+            await await_read(self._read(now, after=now - recent))
         elif age >= REFRESH_AT * self.ttl_s:
             self._read(now, after=self._read_at)
         return self._table

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
 from shunter.platform.services import admin_user_ensure
+from tests.conftest import database_down, free_port
 
 pytestmark = pytest.mark.django_db
 
@@ -28,6 +32,25 @@ def test_healthz_reports_database(client: Client) -> None:
     response = client.get("/healthz")
     assert response.status_code == 200
     assert response.json()["status"] == "ok"
+    assert response.json()["database"] == "postgresql"
+
+
+@pytest.mark.django_db(transaction=True, serialized_rollback=True)
+def test_healthz_names_the_database_when_it_is_down(client: Client, settings: Any) -> None:
+    settings.REDIS_URL = os.environ.get("REDIS_URL", "")
+    with database_down():
+        response = client.get("/healthz")
+    assert response.status_code == 503
+    assert response.json()["down"] == ["database"]
+    assert response.json()["database"] == "unreachable"
+    assert client.get("/healthz").status_code == 200  # reconnects once it is back
+
+
+def test_healthz_names_redis_when_it_is_down(client: Client, settings: Any) -> None:
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
+    response = client.get("/healthz")
+    assert response.status_code == 503
+    assert response.json()["down"] == ["redis"]
     assert response.json()["database"] == "postgresql"
 
 
