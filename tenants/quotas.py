@@ -1,33 +1,44 @@
-"""Tenant quotas: requests per minute, tokens per minute, concurrent requests and a token
-budget per day or month, checked and counted atomically.
+"""Tenant quotas: requests per minute, tokens per minute, concurrent sequences and a
+token budget per day or month, checked and counted atomically.
 
+A request asks for ``sequences`` (prompts x ``n``: what the engine runs at once) and
+``reserve`` tokens (an upper estimate of its prompt plus ``max_tokens`` per sequence).
 Semantics (both limiters implement exactly these):
 
 - **Requests per minute**: a sliding window. A request is admitted while fewer than
   ``rpm`` requests were admitted in the last 60 s; refused requests do not count.
-- **Tokens per minute**: fixed windows of 60 s aligned to the epoch minute. Tokens
-  (prompt plus completion) are counted when a response ends, in the window of its end;
-  a request is admitted while its window has used fewer than ``tpm`` tokens.
-- **Concurrent requests**: a lease per admitted request, given back on completion; a lease
-  never given back (a crashed gateway) lapses after ``lease_ttl_s`` (the safety net).
-- **Token budget**: tokens counted per UTC day or month; a request is admitted while the
-  period has used fewer than ``token_budget``. Usage is known only when a response ends,
-  so a budget may be overshot by the requests in flight when it runs out; the next
-  request is refused.
+- **Tokens per minute**: fixed windows of 60 s aligned to the epoch minute. Admission
+  reserves ``reserve`` tokens in the window of the admission; when the response ends
+  (``settle``) the reservation is replaced by the tokens used (prompt plus completion),
+  in that same window. A request is admitted while its window has used fewer than
+  ``tpm`` tokens and its reservation fits what is left (``used + reserve <= tpm``).
+- **Concurrent sequences**: a lease per admitted request weighing its ``sequences``,
+  given back when it ends; a request is admitted while the leases' weights plus its
+  own stay within ``concurrency``. A lease never given back (a crashed gateway) lapses
+  after ``lease_ttl_s`` (the safety net).
+- **Token budget**: tokens counted per UTC day and month (reserved, then settled, in
+  the periods of the admission); a request is admitted while the period has used fewer
+  than ``token_budget`` and its reservation fits what is left. The estimate of a prompt
+  may fall short (settle corrects it), so a budget may still be overshot by a little.
 
 Refusals name the limit: ``budget`` (OpenAI's ``insufficient_quota``), ``concurrency``,
 ``requests``, ``tokens`` (``rate_limit_exceeded``), with a retry delay and the numbers for
-the ``x-ratelimit-*`` headers.
+the ``x-ratelimit-*`` headers. A request that could never be admitted (a reservation over
+``tpm`` or ``token_budget``, more sequences than ``concurrency``) is refused as
+``too_large``, with no retry delay: waiting would not help.
 
 With Redis (``REDIS_URL``) every check-and-increment is ONE Lua script, so gateways in
 many processes never over-admit; without it (the embedded default, one process) an
-in-process limiter under a lock does the same.
+in-process limiter under a lock does the same. When Redis cannot be reached the Redis
+limiter raises ``QuotaUnavailable`` (callers fail closed) and logs one line at most every
+``UNAVAILABLE_LOG_S`` seconds, without a traceback.
 """
 
 from __future__ import annotations
 
 import asyncio
 import calendar
+import logging
 import math
 import threading
 import time
@@ -47,6 +58,11 @@ if TYPE_CHECKING:
 WINDOW_S = 60.0
 LEASE_TTL_S = 900.0  # longer than any request the gateway lets run
 CONCURRENCY_RETRY_S = 1.0
+# At most one "Redis unreachable" line per this many seconds: an outage refuses every
+# request, and a line each would bury the log.
+UNAVAILABLE_LOG_S = 10.0
+
+log = logging.getLogger("shunter.quotas")
 
 T = TypeVar("T")
 
@@ -104,14 +120,21 @@ class Limits:
 
 @dataclass(frozen=True)
 class Admission:
-    """The answer to one check-and-increment. When admitted and ``lease`` is set, the
-    caller gives it back with ``release``. ``refused`` names the limit that refused it.
-    ``requests_used`` counts this request when admitted; the ``*_reset_s`` fields are
-    seconds until the window frees capacity."""
+    """The answer to one check-and-increment. When admitted, the caller ends it with
+    ``settle`` (which gives back ``lease`` when set and replaces the ``reserved`` tokens,
+    counted in the windows of ``at``, by the tokens used). ``refused`` names the limit
+    that refused it; ``too_large`` says the request could never be admitted under it.
+    ``requests_used`` counts this request when admitted, ``tokens_used`` and
+    ``budget_used`` its reservation; the ``*_reset_s`` fields are seconds until the
+    window frees capacity."""
 
     admitted: bool
     limits: Limits
     refused: str | None = None
+    too_large: bool = False
+    sequences: int = 1
+    reserved: int = 0
+    at: float = 0.0
     lease: str | None = None
     retry_after_s: float = 0.0
     requests_used: int = 0
@@ -124,7 +147,7 @@ class Admission:
         """``Retry-After`` when refused, and the ``x-ratelimit-*`` headers of the limits
         that are set (OpenAI's names)."""
         out: dict[str, str] = {}
-        if not self.admitted:
+        if not self.admitted and not self.too_large:
             out["Retry-After"] = str(max(1, math.ceil(self.retry_after_s)))
             out["retry-after-ms"] = str(max(1, math.ceil(1000 * self.retry_after_s)))
         rpm, tpm = self.limits.rpm, self.limits.tpm
@@ -145,16 +168,39 @@ class Admission:
 
     def message(self) -> str:
         limits = self.limits
+        if self.too_large:
+            if self.refused == "concurrency":
+                return (
+                    f"This request runs {self.sequences} sequences at once, more than the "
+                    f"concurrency limit of {limits.concurrency}: reduce the prompts or 'n'."
+                )
+            limit = (
+                f"the token budget of {limits.token_budget} tokens per {limits.budget_period}"
+                if self.refused == "budget"
+                else f"the limit of {limits.tpm} tokens per minute"
+            )
+            return (
+                f"This request may use up to {self.reserved} tokens (its prompt plus "
+                f"max_tokens for each of its {self.sequences} sequences), more than {limit}: "
+                "reduce max_tokens, 'n' or the prompt."
+            )
         if self.refused == "budget":
             return (
                 f"You exceeded your token budget of {limits.token_budget} tokens per "
-                f"{limits.budget_period} ({self.budget_used} used)."
+                f"{limits.budget_period} ({self.budget_used} used, this request may use up "
+                f"to {self.reserved})."
             )
         if self.refused == "concurrency":
-            return f"Too many concurrent requests: the limit is {limits.concurrency}."
+            return (
+                f"Too many concurrent requests: the limit is {limits.concurrency} sequences "
+                f"and this request runs {self.sequences}."
+            )
         if self.refused == "requests":
             return f"Rate limit reached: {limits.rpm} requests per minute."
-        return f"Rate limit reached: {limits.tpm} tokens per minute ({self.tokens_used} used)."
+        return (
+            f"Rate limit reached: {limits.tpm} tokens per minute ({self.tokens_used} used, "
+            f"this request may use up to {self.reserved})."
+        )
 
 
 def _duration(seconds: float) -> str:
@@ -173,6 +219,10 @@ def budget_period(now: float, period: str) -> tuple[str, float]:
     return day.strftime("%Y%m"), start + days * 86400 - now
 
 
+class QuotaUnavailable(Exception):
+    """The quota store cannot be reached: the caller must fail closed (refuse)."""
+
+
 class QuotaLimiter(ABC):
     """Check-and-increment of a tenant's quotas (see the module's semantics). ``tenant``
     is any stable string naming the tenant (its id). ``clock`` gives Unix seconds."""
@@ -181,19 +231,58 @@ class QuotaLimiter(ABC):
         self.clock = clock
         self.lease_ttl_s = lease_ttl_s
 
-    @abstractmethod
-    async def admit(self, tenant: str, limits: Limits, lease: str) -> Admission:
-        """Admit one request under ``limits`` or refuse it, atomically. An admitted
-        request holds ``lease`` (a fresh unique id) until ``release``."""
+    async def admit(
+        self, tenant: str, limits: Limits, lease: str, *, sequences: int = 1, reserve: int = 0
+    ) -> Admission:
+        """Admit one request of ``sequences`` sequences reserving ``reserve`` tokens under
+        ``limits``, or refuse it, atomically. An admitted request holds ``lease`` (a
+        fresh unique id) until ``settle``. Raises ``QuotaUnavailable``."""
+        sequences, reserve = max(1, sequences), max(0, reserve)
+        now = self.clock()
+        refused = None
+        if limits.concurrency is not None and sequences > limits.concurrency:
+            refused = "concurrency"
+        elif limits.tpm is not None and reserve > limits.tpm:
+            refused = "tokens"
+        elif limits.token_budget is not None and reserve > limits.token_budget:
+            refused = "budget"
+        if refused is not None:
+            return Admission(
+                admitted=False,
+                limits=limits,
+                refused=refused,
+                too_large=True,
+                sequences=sequences,
+                reserved=reserve,
+                at=now,
+            )
+        return await self._admit(tenant, limits, lease, sequences, reserve, now)
 
     @abstractmethod
+    async def _admit(
+        self, tenant: str, limits: Limits, lease: str, sequences: int, reserve: int, now: float
+    ) -> Admission:
+        """``admit`` once the request could fit ``limits`` at all."""
+
+    async def settle(self, tenant: str, admission: Admission, tokens: int) -> None:
+        """The admitted request ended having used ``tokens`` (prompt plus completion):
+        give back its lease and replace its reservation by ``tokens``."""
+        await self._count(tenant, admission.lease, tokens - admission.reserved, admission.at)
+
     async def release(self, tenant: str, lease: str) -> None:
         """Give back a concurrency lease (no-op if it is gone)."""
+        await self._count(tenant, lease, 0, self.clock())
+
+    async def record_tokens(self, tenant: str, tokens: int) -> None:
+        """Count ``tokens`` (not reserved) against the current tokens-per-minute window
+        and budget periods."""
+        await self._count(tenant, None, tokens, self.clock())
 
     @abstractmethod
-    async def record_tokens(self, tenant: str, tokens: int) -> None:
-        """Count ``tokens`` (prompt plus completion of a finished response) against the
-        tokens-per-minute window and the budget periods."""
+    async def _count(self, tenant: str, lease: str | None, tokens: int, at: float) -> None:
+        """Give back ``lease`` (when set) and add ``tokens`` (negative: give back) to the
+        tokens-per-minute window and budget periods of the time ``at``; windows and
+        periods already over are left as they are (nothing asks about them again)."""
 
     @abstractmethod
     async def reset(self, tenant: str) -> None:
@@ -206,7 +295,7 @@ class QuotaLimiter(ABC):
 @dataclass
 class _TenantCounts:
     admitted: deque[float] = field(default_factory=deque)  # admission times, oldest first
-    leases: dict[str, float] = field(default_factory=dict)  # lease -> expiry
+    leases: dict[str, tuple[float, int]] = field(default_factory=dict)  # -> expiry, weight
     tokens: dict[int, int] = field(default_factory=dict)  # minute window -> tokens
     budget: dict[str, int] = field(default_factory=dict)  # period name -> tokens
 
@@ -220,8 +309,9 @@ class InProcessQuotaLimiter(QuotaLimiter):
         self._lock = threading.Lock()
         self._tenants: dict[str, _TenantCounts] = {}
 
-    async def admit(self, tenant: str, limits: Limits, lease: str) -> Admission:
-        now = self.clock()
+    async def _admit(
+        self, tenant: str, limits: Limits, lease: str, sequences: int, reserve: int, now: float
+    ) -> Admission:
         window = int(now // WINDOW_S)
         tokens_reset = (window + 1) * WINDOW_S - now
         period, budget_reset = budget_period(now, limits.budget_period)
@@ -229,23 +319,26 @@ class InProcessQuotaLimiter(QuotaLimiter):
             c = self._tenants.setdefault(tenant, _TenantCounts())
             while c.admitted and c.admitted[0] <= now - WINDOW_S:
                 c.admitted.popleft()
-            for key in [k for k, expiry in c.leases.items() if expiry <= now]:
+            for key in [k for k, (expiry, _) in c.leases.items() if expiry <= now]:
                 del c.leases[key]
             for old in [w for w in c.tokens if w < window]:
                 del c.tokens[old]
             requests = len(c.admitted)
             requests_reset = c.admitted[0] + WINDOW_S - now if c.admitted else 0.0
+            leased = sum(weight for _, weight in c.leases.values())
             tokens = c.tokens.get(window, 0)
             budget = c.budget.get(period, 0)
             refused: str | None = None
             retry = 0.0
-            if limits.token_budget is not None and budget >= limits.token_budget:
+            if limits.token_budget is not None and (
+                budget >= limits.token_budget or budget + reserve > limits.token_budget
+            ):
                 refused, retry = "budget", budget_reset
-            elif limits.concurrency is not None and len(c.leases) >= limits.concurrency:
+            elif limits.concurrency is not None and leased + sequences > limits.concurrency:
                 refused, retry = "concurrency", CONCURRENCY_RETRY_S
             elif limits.rpm is not None and requests >= limits.rpm:
                 refused, retry = "requests", requests_reset
-            elif limits.tpm is not None and tokens >= limits.tpm:
+            elif limits.tpm is not None and (tokens >= limits.tpm or tokens + reserve > limits.tpm):
                 refused, retry = "tokens", tokens_reset
             if refused is None:
                 if limits.rpm is not None:
@@ -253,11 +346,18 @@ class InProcessQuotaLimiter(QuotaLimiter):
                     requests += 1
                     requests_reset = c.admitted[0] + WINDOW_S - now
                 if limits.concurrency is not None:
-                    c.leases[lease] = now + self.lease_ttl_s
+                    c.leases[lease] = (now + self.lease_ttl_s, sequences)
+                if reserve:
+                    self._add(c, reserve, now, now)
+                    tokens += reserve
+                    budget += reserve
         return Admission(
             admitted=refused is None,
             limits=limits,
             refused=refused,
+            sequences=sequences,
+            reserved=reserve,
+            at=now,
             lease=lease if refused is None and limits.concurrency is not None else None,
             retry_after_s=retry,
             requests_used=requests,
@@ -267,36 +367,40 @@ class InProcessQuotaLimiter(QuotaLimiter):
             budget_used=budget,
         )
 
-    async def release(self, tenant: str, lease: str) -> None:
-        with self._lock:
-            c = self._tenants.get(tenant)
-            if c is not None:
-                c.leases.pop(lease, None)
+    @staticmethod
+    def _add(c: _TenantCounts, tokens: int, at: float, now: float) -> None:
+        """Add ``tokens`` to the window and periods of ``at`` that are still current."""
+        window = int(at // WINDOW_S)
+        if window >= int(now // WINDOW_S):
+            c.tokens[window] = c.tokens.get(window, 0) + tokens
+        current = {budget_period(now, p)[0] for p in ("day", "month")}
+        for p in ("day", "month"):
+            name = budget_period(at, p)[0]
+            if name in current:
+                c.budget[name] = c.budget.get(name, 0) + tokens
+        # Keep only the current periods: the budget is never asked about older ones.
+        for old in [p for p in c.budget if p not in current]:
+            del c.budget[old]
 
-    async def record_tokens(self, tenant: str, tokens: int) -> None:
-        if tokens <= 0:
-            return
+    async def _count(self, tenant: str, lease: str | None, tokens: int, at: float) -> None:
         now = self.clock()
-        window = int(now // WINDOW_S)
         with self._lock:
             c = self._tenants.setdefault(tenant, _TenantCounts())
-            c.tokens[window] = c.tokens.get(window, 0) + tokens
-            for period in ("day", "month"):
-                name = budget_period(now, period)[0]
-                c.budget[name] = c.budget.get(name, 0) + tokens
-            # Keep only the current periods: the budget is never asked about older ones.
-            current = {budget_period(now, p)[0] for p in ("day", "month")}
-            for old in [p for p in c.budget if p not in current]:
-                del c.budget[old]
+            if lease is not None:
+                c.leases.pop(lease, None)
+            if tokens:
+                self._add(c, tokens, at, now)
 
     async def reset(self, tenant: str) -> None:
         with self._lock:
             self._tenants.pop(tenant, None)
 
 
-# KEYS: requests log, leases, tokens window, budget period.
+# KEYS: requests log, leases (expiry by lease), lease weights, tokens window, day budget,
+# month budget.
 # ARGV: now, lease, rpm, tpm, concurrency, budget (-1: unlimited), lease ttl, seconds to the
-# token window's end, seconds to the budget period's end, window length.
+# token window's end, seconds to the budget period's end, window length, concurrency retry,
+# sequences, reserve, the budget's key (5: day, 6: month), the three counters' lifetimes (ms).
 # Returns {admitted, refused, requests used, requests reset, tokens used, budget used, retry}
 # with the fractional numbers as strings (Lua numbers become integers on the way back).
 _ADMIT = """
@@ -310,9 +414,16 @@ local ttl = tonumber(ARGV[7])
 local tokens_reset = tonumber(ARGV[8])
 local budget_reset = tonumber(ARGV[9])
 local window = tonumber(ARGV[10])
+local sequences = tonumber(ARGV[12])
+local reserve = tonumber(ARGV[13])
+local budget_key = KEYS[tonumber(ARGV[14])]
 
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+local lapsed = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
+if #lapsed > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  redis.call('HDEL', KEYS[3], unpack(lapsed))
+end
 local requests = redis.call('ZCARD', KEYS[1])
 local function oldest_reset()
   local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
@@ -320,18 +431,27 @@ local function oldest_reset()
   return 0
 end
 local requests_reset = oldest_reset()
-local tokens = tonumber(redis.call('GET', KEYS[3]) or '0')
-local used = tonumber(redis.call('GET', KEYS[4]) or '0')
+local tokens = tonumber(redis.call('GET', KEYS[4]) or '0')
+local used = tonumber(redis.call('GET', budget_key) or '0')
+local leased = 0
+if conc >= 0 then
+  local live = redis.call('ZRANGE', KEYS[2], 0, -1)
+  if #live > 0 then
+    for _, weight in ipairs(redis.call('HMGET', KEYS[3], unpack(live))) do
+      leased = leased + (tonumber(weight) or 1)
+    end
+  end
+end
 
 local refused = ''
 local retry = 0
-if budget >= 0 and used >= budget then
+if budget >= 0 and (used >= budget or used + reserve > budget) then
   refused, retry = 'budget', budget_reset
-elseif conc >= 0 and redis.call('ZCARD', KEYS[2]) >= conc then
+elseif conc >= 0 and leased + sequences > conc then
   refused, retry = 'concurrency', tonumber(ARGV[11])
 elseif rpm >= 0 and requests >= rpm then
   refused, retry = 'requests', requests_reset
-elseif tpm >= 0 and tokens >= tpm then
+elseif tpm >= 0 and (tokens >= tpm or tokens + reserve > tpm) then
   refused, retry = 'tokens', tokens_reset
 end
 if refused ~= '' then
@@ -345,17 +465,38 @@ if rpm >= 0 then
 end
 if conc >= 0 then
   redis.call('ZADD', KEYS[2], now + ttl, lease)
+  redis.call('HSET', KEYS[3], lease, sequences)
   redis.call('PEXPIRE', KEYS[2], math.ceil(ttl * 1000) + 1000)
+  redis.call('PEXPIRE', KEYS[3], math.ceil(ttl * 1000) + 1000)
+end
+if reserve > 0 then
+  for i = 4, 6 do
+    redis.call('INCRBY', KEYS[i], reserve)
+    redis.call('PEXPIRE', KEYS[i], ARGV[11 + i])
+  end
+  tokens = tokens + reserve
+  used = used + reserve
 end
 return {1, '', requests, tostring(requests_reset), tokens, used, '0'}
 """
 
-# KEYS: tokens window, day budget, month budget. ARGV: tokens, and each key's lifetime (ms).
-_RECORD = """
-local tokens = tonumber(ARGV[1])
-for i = 1, 3 do
-  redis.call('INCRBY', KEYS[i], tokens)
-  redis.call('PEXPIRE', KEYS[i], ARGV[i + 1])
+# KEYS: leases, lease weights, tokens window, day budget, month budget (of the time the
+# tokens belong to). ARGV: lease ('': none), tokens (negative: given back), and each
+# counter's remaining lifetime (ms; not positive: its window is over, leave it).
+_COUNT = """
+if ARGV[1] ~= '' then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  redis.call('HDEL', KEYS[2], ARGV[1])
+end
+local tokens = tonumber(ARGV[2])
+if tokens ~= 0 then
+  for i = 3, 5 do
+    local ttl = tonumber(ARGV[i])
+    if ttl > 0 then
+      redis.call('INCRBY', KEYS[i], tokens)
+      redis.call('PEXPIRE', KEYS[i], ttl)
+    end
+  end
 end
 return 1
 """
@@ -363,9 +504,11 @@ return 1
 
 class RedisQuotaLimiter(QuotaLimiter):
     """Quotas shared by every gateway process through Redis: each admission is one Lua
-    script (check every limit, then count the request and take the lease), so concurrent
-    requests are never over-admitted. Keys carry the tenant in a hash tag, so on a
-    cluster all of a tenant's keys live on one slot."""
+    script (check every limit, then count the request, take the lease and reserve the
+    tokens), so concurrent requests are never over-admitted. Keys carry the tenant in a
+    hash tag, so on a cluster all of a tenant's keys live on one slot. Connections time
+    out fast and are retried once: an unreachable Redis is a ``QuotaUnavailable``
+    within about a second, not a hung request."""
 
     def __init__(
         self,
@@ -379,42 +522,111 @@ class RedisQuotaLimiter(QuotaLimiter):
         self.url = url
         self.prefix = prefix
         self._clients: LoopLocal[Any] = LoopLocal(self._connect)
+        self._logged_at = -math.inf
+        self._log_lock = threading.Lock()
 
     def _connect(self) -> redis.asyncio.Redis:
         import redis.asyncio
+        from redis.asyncio.retry import Retry
+        from redis.backoff import ExponentialBackoff
 
-        return redis.asyncio.Redis.from_url(self.url)
+        return redis.asyncio.Redis.from_url(
+            self.url,
+            socket_connect_timeout=1.0,
+            socket_timeout=5.0,
+            # One retry reconnects a pooled connection the server closed (a restart, a
+            # CLIENT KILL); more would only hold the request while Redis is down.
+            retry=Retry(ExponentialBackoff(cap=0.1, base=0.01), 1),
+        )
 
     def _key(self, tenant: str, name: str) -> str:
         return f"{self.prefix}:{{{tenant}}}:{name}"
 
-    async def admit(self, tenant: str, limits: Limits, lease: str) -> Admission:
-        now = self.clock()
+    async def _eval(self, script: str, keys: list[str], args: list[Any]) -> Any:
+        """Run ``script``; a Redis that cannot answer is a ``QuotaUnavailable``."""
+        import redis.exceptions
+
+        try:
+            return await self._clients.get().eval(script, len(keys), *keys, *args)
+        except (redis.exceptions.RedisError, OSError) as e:
+            self._unavailable(e)
+            raise QuotaUnavailable(str(e)) from e
+
+    def _unavailable(self, e: BaseException) -> None:
+        now = time.monotonic()
+        with self._log_lock:
+            if now - self._logged_at < UNAVAILABLE_LOG_S:
+                return
+            self._logged_at = now
+        log.warning("quota store %s unavailable, refusing requests: %r", self._redacted(), e)
+
+    def _redacted(self) -> str:
+        """The URL without its password (logs)."""
+        import urllib.parse
+
+        parts = urllib.parse.urlsplit(self.url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+        return f"{parts.scheme}://{host}{port}{parts.path}"
+
+    def _lifetimes(self, at: float, now: float) -> list[int]:
+        """The remaining lifetimes (ms) of the tokens window and the day and month
+        budgets of time ``at``: each outlives its window by a margin, then Redis drops
+        it; a window already over (it may have gone) gets none."""
+        window = int(at // WINDOW_S)
+        day_end = at + budget_period(at, "day")[1]
+        month_end = at + budget_period(at, "month")[1]
+        window_end = (window + 1) * WINDOW_S
+        if window < int(now // WINDOW_S):
+            window_end = now - WINDOW_S  # over: not counted
+        ends = (window_end + WINDOW_S, day_end + 3600, month_end + 3600)
+        return [math.ceil(1000 * (end - now)) for end in ends]
+
+    def _token_keys(self, tenant: str, at: float) -> list[str]:
+        window = int(at // WINDOW_S)
+        day = budget_period(at, "day")[0]
+        month = budget_period(at, "month")[0]
+        return [
+            self._key(tenant, f"tokens:{window}"),
+            self._key(tenant, f"budget:{day}"),
+            self._key(tenant, f"budget:{month}"),
+        ]
+
+    async def _admit(
+        self, tenant: str, limits: Limits, lease: str, sequences: int, reserve: int, now: float
+    ) -> Admission:
         window = int(now // WINDOW_S)
-        period, budget_reset = budget_period(now, limits.budget_period)
+        budget_reset = budget_period(now, limits.budget_period)[1]
 
         def arg(limit: int | None) -> int:
             return -1 if limit is None else limit
 
-        client = self._clients.get()
-        reply = await client.eval(
-            _ADMIT,
-            4,
+        keys = [
             self._key(tenant, "requests"),
             self._key(tenant, "leases"),
-            self._key(tenant, f"tokens:{window}"),
-            self._key(tenant, f"budget:{period}"),
-            repr(now),
-            lease,
-            arg(limits.rpm),
-            arg(limits.tpm),
-            arg(limits.concurrency),
-            arg(limits.token_budget),
-            repr(self.lease_ttl_s),
-            repr((window + 1) * WINDOW_S - now),
-            repr(budget_reset),
-            repr(WINDOW_S),
-            repr(CONCURRENCY_RETRY_S),
+            self._key(tenant, "lease-weights"),
+            *self._token_keys(tenant, now),
+        ]
+        reply = await self._eval(
+            _ADMIT,
+            keys,
+            [
+                repr(now),
+                lease,
+                arg(limits.rpm),
+                arg(limits.tpm),
+                arg(limits.concurrency),
+                arg(limits.token_budget),
+                repr(self.lease_ttl_s),
+                repr((window + 1) * WINDOW_S - now),
+                repr(budget_reset),
+                repr(WINDOW_S),
+                repr(CONCURRENCY_RETRY_S),
+                sequences,
+                reserve,
+                5 if limits.budget_period == "day" else 6,
+                *self._lifetimes(now, now),
+            ],
         )
         admitted, refused, requests, requests_reset, tokens, used, retry = reply
         ok = bool(admitted)
@@ -422,6 +634,9 @@ class RedisQuotaLimiter(QuotaLimiter):
             admitted=ok,
             limits=limits,
             refused=None if ok else refused.decode(),
+            sequences=sequences,
+            reserved=reserve,
+            at=now,
             lease=lease if ok and limits.concurrency is not None else None,
             retry_after_s=float(retry),
             requests_used=int(requests),
@@ -431,34 +646,24 @@ class RedisQuotaLimiter(QuotaLimiter):
             budget_used=int(used),
         )
 
-    async def release(self, tenant: str, lease: str) -> None:
-        await self._clients.get().zrem(self._key(tenant, "leases"), lease)
-
-    async def record_tokens(self, tenant: str, tokens: int) -> None:
-        if tokens <= 0:
+    async def _count(self, tenant: str, lease: str | None, tokens: int, at: float) -> None:
+        if lease is None and not tokens:
             return
-        now = self.clock()
-        window = int(now // WINDOW_S)
-        day, day_left = budget_period(now, "day")
-        month, month_left = budget_period(now, "month")
-        await self._clients.get().eval(
-            _RECORD,
-            3,
-            self._key(tenant, f"tokens:{window}"),
-            self._key(tenant, f"budget:{day}"),
-            self._key(tenant, f"budget:{month}"),
-            tokens,
-            # Each counter outlives its window by a margin, then Redis drops it.
-            math.ceil(1000 * ((window + 1) * WINDOW_S - now + WINDOW_S)),
-            math.ceil(1000 * (day_left + 3600)),
-            math.ceil(1000 * (month_left + 3600)),
-        )
+        keys = [self._key(tenant, "leases"), self._key(tenant, "lease-weights")]
+        keys += self._token_keys(tenant, at)
+        await self._eval(_COUNT, keys, [lease or "", tokens, *self._lifetimes(at, self.clock())])
 
     async def reset(self, tenant: str) -> None:
+        import redis.exceptions
+
         client = self._clients.get()
-        keys = [key async for key in client.scan_iter(match=self._key(tenant, "*"))]
-        if keys:
-            await client.delete(*keys)
+        try:
+            keys = [key async for key in client.scan_iter(match=self._key(tenant, "*"))]
+            if keys:
+                await client.delete(*keys)
+        except (redis.exceptions.RedisError, OSError) as e:
+            self._unavailable(e)
+            raise QuotaUnavailable(str(e)) from e
 
     async def aclose(self) -> None:
         client = self._clients.pop()

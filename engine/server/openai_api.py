@@ -1,7 +1,10 @@
 """``POST /v1/completions`` and ``POST /v1/chat/completions``: parse, run, answer.
 
 Each choice is one engine request (a Stream). Streaming answers are server-sent events,
-one ``data: {...}`` chunk per step that made text visible, then ``data: [DONE]``. When
+one ``data: {...}`` chunk per step that made text visible, then ``data: [DONE]``; with
+``stream_options.continuous_usage_stats`` (and ``include_usage``) every chunk carries the
+usage so far, the tokens generated however many share a chunk (vLLM's option). A
+request runs at most ``max_sequences_per_request`` sequences (engine setting). When
 the handler ends early (the client went away, the write failed, the server stops) every
 choice still running is aborted, which frees its blocks at once. A whole (non-streamed)
 answer carries its token times as the engine saw them in ``X-Shunter-Timing``
@@ -28,6 +31,7 @@ from shunter.engine.exec.serving import DEFAULT_SLO
 from shunter.engine.interfaces import Clock
 from shunter.engine.server.context import REQUEST_ID, STATE, ServerState
 from shunter.engine.server.errors import ApiError, bad_request, model_not_found, unavailable
+from shunter.engine.server.jsonbody import parse_json
 from shunter.engine.server.logprobs import chat_logprobs, completion_logprobs
 from shunter.engine.server.loop import ABORTED, Delta, Stream
 from shunter.engine.server.models import ServedModel
@@ -138,7 +142,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def read_json(request: web.Request) -> Any:
-    """The body as JSON: 413 past the size limit, 400 if not UTF-8 JSON."""
+    """The body as JSON: 413 past the size limit, 400 if not UTF-8 JSON or hostile
+    (``jsonbody.parse_json``)."""
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge as e:
@@ -147,12 +152,7 @@ async def read_json(request: web.Request) -> Any:
             f"The request body is too large: {e.text}.",
             code="request_too_large",
         ) from None
-    try:
-        return json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise bad_request("The request body is not valid UTF-8.") from None
-    except json.JSONDecodeError as e:
-        raise bad_request(f"The request body is not valid JSON: {e}.") from None
+    return parse_json(raw, max_bytes=None)  # read() has applied the app's client_max_size
 
 
 # vLLM's extensions beyond the request fields ``protocol`` parses.
@@ -174,7 +174,9 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
     for key, value in extras.items():
         if not isinstance(value, bool):
             raise bad_request(f"'{key}' must be a boolean.", key)
-    gen = parse_chat(body, served) if chat else parse_completion(body, served)
+    max_sequences = state.settings.max_sequences_per_request
+    parse = parse_chat if chat else parse_completion
+    gen = parse(body, served, max_sequences=max_sequences)
     state.check_capacity(gen)
     slo = slo_from_header(
         request.headers.get("X-Shunter-Slo"), state.slo_of(name), state.settings.slo_classes
@@ -298,8 +300,17 @@ async def _stream(
         # requests), not a wedged one.
         await response.write(b": keep-alive\n\n")
 
+    prompt_tokens = sum(len(p) for p in gen.prompts)
+    generated = 0  # tokens of every choice so far (the deltas taken)
+
     async def send(payload: dict[str, Any]) -> None:
-        if gen.include_usage:
+        if gen.continuous_usage:
+            payload["usage"] = {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": generated,
+                "total_tokens": prompt_tokens + generated,
+            }
+        elif gen.include_usage:
             payload["usage"] = None
         await response.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
 
@@ -316,6 +327,7 @@ async def _stream(
             await send(
                 call.envelope([call.choice(c, "", [], None, chunk=True, first=True)], chunk=True)
             )
+        generated += len(delta.token_ids)  # counted from the chunk that carries them
         if delta.text or delta.finish_reason is not None or delta.token_ids:
             finish = delta.finish_reason
             await send(

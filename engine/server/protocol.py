@@ -15,6 +15,9 @@ from shunter.engine.exec.params import MAX_LOGPROBS, SamplingParams
 from shunter.engine.server.errors import bad_request
 
 MAX_N = 8
+# The default bound of a request's sequences (prompts x n), engine setting
+# ``max_sequences_per_request``.
+MAX_SEQUENCES = 256
 MAX_COMPLETION_LOGPROBS = 5  # the OpenAI API's bound for /v1/completions
 MAX_STOP = 4
 # The OpenAI API's default for /v1/completions; chat defaults to the rest of the context.
@@ -40,6 +43,7 @@ _COMMON = {
 }
 COMPLETION_FIELDS = _COMMON | {"prompt"}
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs"}
+STREAM_OPTIONS = {"include_usage", "continuous_usage_stats"}
 ROLES = ("system", "user", "assistant", "tool", "developer")
 
 
@@ -63,7 +67,9 @@ class ServedModelInfo(Protocol):
 @dataclass(frozen=True)
 class GenerationRequest:
     """A parsed request: ``prompts`` (token ids; several for a completions list), each
-    answered with ``n`` choices of ``params``; ``stream`` and ``include_usage`` say how."""
+    answered with ``n`` choices of ``params``; ``stream``, ``include_usage`` and
+    ``continuous_usage`` (usage so far on every chunk, vLLM's ``continuous_usage_stats``)
+    say how."""
 
     model: str
     prompts: list[list[int]]
@@ -71,6 +77,7 @@ class GenerationRequest:
     n: int
     stream: bool
     include_usage: bool
+    continuous_usage: bool = False
 
     @property
     def num_choices(self) -> int:
@@ -87,17 +94,27 @@ def model_name(body: Any) -> str:
     return model
 
 
-def parse_completion(body: dict[str, Any], info: ServedModelInfo) -> GenerationRequest:
+def parse_completion(
+    body: dict[str, Any], info: ServedModelInfo, *, max_sequences: int = MAX_SEQUENCES
+) -> GenerationRequest:
+    """A completions body; a 400 past ``max_sequences`` (prompts x n), before any
+    prompt is tokenized."""
     _check_fields(body, COMPLETION_FIELDS)
     logprobs = _int(body, "logprobs", 0, MAX_COMPLETION_LOGPROBS, None)
-    prompts = [_prompt_ids(p, info) for p in _prompt_list(body.get("prompt"))]
+    texts = _prompt_list(body.get("prompt"))
+    _check_sequences(len(texts), _n(body), max_sequences)
+    prompts = [_prompt_ids(p, info) for p in texts]
     default = COMPLETIONS_DEFAULT_MAX_TOKENS
     max_tokens = _int(body, "max_tokens", 1, None, None)
     return _request(body, info, prompts, max_tokens, default, logprobs)
 
 
-def parse_chat(body: dict[str, Any], info: ServedModelInfo) -> GenerationRequest:
+def parse_chat(
+    body: dict[str, Any], info: ServedModelInfo, *, max_sequences: int = MAX_SEQUENCES
+) -> GenerationRequest:
+    """A chat body; a 400 past ``max_sequences`` (n)."""
     _check_fields(body, CHAT_FIELDS)
+    _check_sequences(1, _n(body), max_sequences)
     top = _int(body, "top_logprobs", 0, MAX_LOGPROBS, None)
     if not _bool(body, "logprobs", False):
         if top is not None:
@@ -149,13 +166,17 @@ def _request(
         raise bad_request("'user' must be a string.", "user")
     stream = _bool(body, "stream", False)
     options = body.get("stream_options")
-    include_usage = False
+    include_usage = continuous_usage = False
     if options is not None:
         if not stream:
             raise bad_request("'stream_options' is only allowed with 'stream': true.")
-        if not isinstance(options, dict) or set(options) - {"include_usage"}:
-            raise bad_request("'stream_options' may only hold 'include_usage'.")
+        if not isinstance(options, dict) or set(options) - STREAM_OPTIONS:
+            raise bad_request(
+                "'stream_options' may only hold 'include_usage' and 'continuous_usage_stats'."
+            )
         include_usage = _bool(options, "include_usage", False)
+        # As vLLM: usage on every chunk only along with the final usage chunk.
+        continuous_usage = include_usage and _bool(options, "continuous_usage_stats", False)
     seed = _int(body, "seed", -(2**63), 2**63 - 1, None)
     params = SamplingParams(
         temperature=_float(body, "temperature", 0.0, 2.0, 1.0),
@@ -174,10 +195,26 @@ def _request(
         model=info.name,
         prompts=prompts,
         params=params,
-        n=_int(body, "n", 1, MAX_N, 1) or 1,
+        n=_n(body),
         stream=stream,
         include_usage=include_usage,
+        continuous_usage=continuous_usage,
     )
+
+
+def _n(body: dict[str, Any]) -> int:
+    return _int(body, "n", 1, MAX_N, 1) or 1
+
+
+def _check_sequences(prompts: int, n: int, max_sequences: int) -> None:
+    """A 400 when ``prompts`` x ``n`` sequences exceed ``max_sequences``: the prompt
+    list's length is bounded too, before its prompts are tokenized."""
+    if prompts * n > max_sequences:
+        raise bad_request(
+            f"This request runs {prompts * n} sequences ({prompts} prompts x n={n}); at "
+            f"most {max_sequences} are allowed per request.",
+            "prompt" if n == 1 or prompts > max_sequences else "n",
+        )
 
 
 def _check_fields(body: dict[str, Any], allowed: set[str]) -> None:

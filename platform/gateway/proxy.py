@@ -4,11 +4,12 @@ accounting for it afterwards.
 Upstream: one aiohttp session per event loop, no pool limit, a 1 s connect timeout (an
 unreachable engine is a 503 ``engine_unavailable`` within 2 s), and no cookie jar (an
 engine's cookie is no client's). Streams are relayed event
-by event as they arrive, never buffered; the engine is always asked for usage
-(``stream_options.include_usage``) so streamed tokens count against quotas like
-non-streamed ones, and the usage chunk is dropped when the client did not ask for it.
-A stream that ends before its usage chunk counts the prompt the engine reported in
-``X-Shunter-Prompt-Tokens``.
+by event as they arrive, never buffered; the engine is always asked for usage, on
+every chunk (``stream_options.include_usage`` and ``continuous_usage_stats``), so
+streamed tokens count against quotas like non-streamed ones, and a stream that ends
+early counts the tokens the engine last reported, however many shared a chunk. The
+usage reaches the client only as it asked for it. A stream that ends before any usage
+counts the prompt the engine reported in ``X-Shunter-Prompt-Tokens``.
 
 Reads time out: an engine streams an event or a keep-alive comment every few seconds,
 so a stream silent for ``STREAM_IDLE_S`` is ended like a broken one (a terminating
@@ -28,20 +29,24 @@ When the response ends, however it ends (done, engine failure, client gone), a t
 gives back the concurrency lease, counts the tokens and writes the RequestRecord, off the
 stream's path. Records are written in batches (``RecordWriter``): those that end while
 one batch is being written go together in the next, one transaction on one database
-thread.
+thread; records the database cannot take (it is unreachable) are spooled to local disk
+and replayed when it answers again (``spool``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import json
 import logging
 import threading
 import time
+import uuid
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -53,8 +58,9 @@ from shunter.engine.server.timing import TIMING_HEADER, EngineTiming
 from shunter.platform.gateway.errors import engine_unavailable
 from shunter.platform.gateway.replies import Reply, error_reply
 from shunter.platform.gateway.routes import Route
-from shunter.tenants.auth import KeyGrant, submit_db
-from shunter.tenants.quotas import Admission, LoopLocal, quota_limiter
+from shunter.platform.gateway.spool import PendingRecord, RecordSpool, SpoolReplayer
+from shunter.tenants.auth import DATABASE_DOWN, KeyGrant, await_shared, submit_db
+from shunter.tenants.quotas import Admission, LoopLocal, QuotaUnavailable, quota_limiter
 
 log = logging.getLogger("shunter.gateway")
 
@@ -95,6 +101,8 @@ def engine_url(route: Route, path: str) -> yarl.URL:
 
 
 sessions: LoopLocal[aiohttp.ClientSession] = LoopLocal(_new_session)
+# Nodes whose engine refused the gateway's engine token (warned about once).
+_token_refused_nodes: set[str] = set()
 # Accounting tasks, referenced until done (the loop keeps only weak references).
 _background: set[asyncio.Task[None]] = set()
 # At shutdown, how long the last requests' accounting may take before connections close.
@@ -179,6 +187,7 @@ class Exchange:
         self.timing = Timing(t0)
         self.stream = False
         self.wants_usage = False
+        self.wants_chunk_usage = False  # the client asked for continuous_usage_stats too
         self.done = False
         self.usage: dict[str, Any] = {}
         self.reported_prompt_tokens = 0  # X-Shunter-Prompt-Tokens
@@ -197,8 +206,18 @@ class Exchange:
         if self.stream:
             options = body.get("stream_options")
             if options is None or isinstance(options, dict):
-                self.wants_usage = bool(options and options.get("include_usage") is True)
-                body["stream_options"] = {**(options or {}), "include_usage": True}
+                options = options or {}
+                self.wants_usage = options.get("include_usage") is True
+                self.wants_chunk_usage = (
+                    self.wants_usage and options.get("continuous_usage_stats") is True
+                )
+                # Every chunk then carries the engine's token count so far: a stream that
+                # ends early counts what the engine generated, not the chunks relayed.
+                body["stream_options"] = {
+                    **options,
+                    "include_usage": True,
+                    "continuous_usage_stats": True,
+                }
         path = "chat/completions" if self.endpoint == "chat" else "completions"
         read_s = STREAM_IDLE_S if self.stream else settings.GATEWAY_READ_TIMEOUT_S
         try:
@@ -269,10 +288,29 @@ class Exchange:
 
     async def _pass_error(self, upstream: aiohttp.ClientResponse) -> Reply:
         """The engine refused: its status and OpenAI error body go to the client as is
-        (a body in another shape is wrapped in one)."""
+        (a body in another shape is wrapped in one). An engine's 401 or 403 refuses the
+        gateway's engine token, not the client's key: the client gets a 503
+        ``engine_unavailable`` and the operator a warning (once per node)."""
         raw = await self._read(upstream)
         if isinstance(raw, Reply):
             return raw
+        if upstream.status in (401, 403):
+            node = self.route.node_name
+            # Once per node and process: every request would repeat it.
+            level = logging.DEBUG if node in _token_refused_nodes else logging.WARNING
+            _token_refused_nodes.add(node)
+            log.log(
+                level,
+                "the engine of node %r refused the gateway's engine token (%d): set the "
+                "node's engine token to the engine's (admin or API); request %s",
+                node,
+                upstream.status,
+                self.request_id,
+            )
+            name = self.route.model_name
+            refusal = engine_unavailable(f"The engine of {name!r} is unavailable; try again later.")
+            self._end("error", "engine_unavailable", refusal.status)
+            return error_reply(refusal, self.request_id, self.admission.headers())
         error = _error_of(raw)
         if error is None:
             kind = "invalid_request_error" if upstream.status < 500 else "server_error"
@@ -311,8 +349,8 @@ class Exchange:
                 out = []
                 while (end := buffer.find(b"\n\n")) >= 0:
                     event, buffer = buffer[: end + 2], buffer[end + 2 :]
-                    if self._on_event(event, now):
-                        out.append(event)
+                    if (passed := self._on_event(event, now)) is not None:
+                        out.append(passed)
                 if out:
                     yield b"".join(out)
             if not self.done:
@@ -336,34 +374,43 @@ class Exchange:
             else:
                 upstream.close()
 
-    def _on_event(self, event: bytes, now: float) -> bool:
-        """Account for one SSE event; whether to pass it on."""
+    def _on_event(self, event: bytes, now: float) -> bytes | None:
+        """Account for one SSE event; what to pass on (None: nothing). The usage every
+        chunk carries (the engine's count so far) is kept as the latest count and left
+        out of what the client sees unless it asked for it."""
         if not event.startswith(b"data: "):
-            return True
+            return event
         payload = event[6:].strip()
         if payload == b"[DONE]":
             self.done = True
-            return True
+            return event
         try:
             chunk = json.loads(payload)
         except ValueError:
-            return True
+            return event
         if not isinstance(chunk, dict):
-            return True
+            return event
         if "error" in chunk:
             error = chunk["error"] if isinstance(chunk["error"], dict) else {}
             self.status = "error"
             self.error_type = str(error.get("code") or error.get("type") or "engine_error")
-            return True
+            return event
         choices = chunk.get("choices") or []
         usage = chunk.get("usage")
-        if isinstance(usage, dict) and not choices:
+        if isinstance(usage, dict):
             self.usage = usage
-            return self.wants_usage
+        if not choices:
+            return event if self.wants_usage or not isinstance(usage, dict) else None
         for choice in choices:
             if isinstance(choice, dict) and _has_output(choice):
                 self.timing.token(int(choice.get("index") or 0), now)
-        return True
+        if usage is None or self.wants_chunk_usage:
+            return event
+        if self.wants_usage:
+            chunk["usage"] = None  # OpenAI's chunks before the usage chunk
+        else:
+            del chunk["usage"]
+        return b"data: " + json.dumps(chunk).encode() + b"\n\n"
 
     # -- accounting ------------------------------------------------------------------------
     def _end(self, status: str, error_type: str, http_status: int) -> None:
@@ -386,9 +433,13 @@ class Exchange:
         """The RequestRecord of this exchange (request_record_create's arguments)."""
         t = self.timing
         t_end = self.t_end if self.t_end is not None else time.perf_counter()
-        # Without the usage chunk (a stream that ended early), the engine's header.
+        # The engine's latest count (its usage chunk, else the usage of the last chunk
+        # relayed); an engine that sent none: its header and the output chunks relayed.
         prompt = _count(self.usage.get("prompt_tokens")) or self.reported_prompt_tokens
-        completion = _count(self.usage.get("completion_tokens")) or t.token_chunks
+        if "completion_tokens" in self.usage:
+            completion = _count(self.usage["completion_tokens"])
+        else:
+            completion = t.token_chunks
         ttft_ms = tpot_ms = max_itl_ms = None
         if t.first is not None and t.last is not None:
             ttft_ms = 1000 * (t.first - t.t0)
@@ -425,14 +476,15 @@ class Exchange:
         tenant = str(self.grant.tenant_id)
         fields = self.record_fields()
         try:
-            if self.admission.lease is not None:
-                await limiter.release(tenant, self.admission.lease)
+            # Gives back the lease and replaces the reservation by the tokens used.
             tokens = fields["prompt_tokens"] + fields["completion_tokens"]
-            await limiter.record_tokens(tenant, tokens)
+            await limiter.settle(tenant, self.admission, tokens)
+        except QuotaUnavailable:
+            pass  # the limiter logged it; the lease lapses, the reservation stays counted
         except Exception:
             log.exception("quota accounting of request %s failed", self.request_id)
         try:
-            await asyncio.wrap_future(records.add(self.grant, self.route.deployment_id, fields))
+            await await_shared(records.add(self.grant, self.route.deployment_id, fields))
         except Exception:
             log.exception("could not write the record of request %s", self.request_id)
 
@@ -458,28 +510,75 @@ def _row(kind: str, pk: int, load: Callable[[], Any]) -> Any:
     return row
 
 
-def write_record(grant: KeyGrant, deployment_id: int, fields: dict[str, Any]) -> None:
-    """Write one RequestRecord (database threads); rows deleted meanwhile stay null."""
+def write_record(record: PendingRecord) -> None:
+    """Write one RequestRecord (database threads), once per key; rows deleted meanwhile
+    stay null."""
     from shunter.platform.models import Deployment
     from shunter.tenants.models import ApiKey, Tenant
     from shunter.tenants.services import request_record_create
 
     tenant = _row(
         "tenant",
-        grant.tenant_id,
+        record.tenant_id,
         lambda: (
-            Tenant.objects.select_related("default_slo_class").filter(pk=grant.tenant_id).first()
+            Tenant.objects.select_related("default_slo_class").filter(pk=record.tenant_id).first()
         ),
     )
     if tenant is None:
         return
-    api_key = _row("key", grant.api_key_id, ApiKey.objects.filter(pk=grant.api_key_id).first)
+    api_key = _row("key", record.api_key_id, ApiKey.objects.filter(pk=record.api_key_id).first)
     deployment = _row(
         "deployment",
-        deployment_id,
-        Deployment.objects.select_related("slo_class").filter(pk=deployment_id).first,
+        record.deployment_id,
+        Deployment.objects.select_related("slo_class").filter(pk=record.deployment_id).first,
     )
-    request_record_create(tenant=tenant, api_key=api_key, deployment=deployment, **fields)
+    request_record_create(
+        tenant=tenant,
+        api_key=api_key,
+        deployment=deployment,
+        record_key=record.record_key,
+        **record.fields,
+    )
+
+
+def write_records(batch: list[PendingRecord]) -> list[BaseException | None]:
+    """Write ``batch`` in one transaction, a savepoint each (a record that fails loses
+    no other); each record's error, or None. A failed commit fails them all."""
+    from django.db import IntegrityError, transaction
+
+    errors: list[BaseException | None] = []
+    try:
+        with transaction.atomic():
+            for record in batch:
+                try:
+                    with transaction.atomic():
+                        write_record(record)
+                    errors.append(None)
+                except IntegrityError as e:
+                    # Its key was written by another writer meanwhile: not twice.
+                    errors.append(None if _key_taken(record) else e)
+                except Exception as e:
+                    errors.append(e)
+    except Exception as e:  # the commit failed: the whole batch is lost
+        errors = [e] * len(batch)
+    return errors
+
+
+def _key_taken(record: PendingRecord) -> bool:
+    from shunter.tenants.models import RequestRecord
+
+    return RequestRecord.objects.filter(record_key=record.record_key).exists()
+
+
+def replay_records(batch: list[PendingRecord]) -> None:
+    """Write spooled records (``RecordSpool.replay``'s writer): raises when the database
+    is down, so that they stay spooled; a record the database refuses for itself (its
+    data) would be refused on every try, and is dropped with a log line."""
+    for record, error in zip(batch, write_records(batch), strict=True):
+        if isinstance(error, DATABASE_DOWN):
+            raise error
+        if error is not None:
+            log.error("spooled record %s refused, dropped: %r", record.record_key, error)
 
 
 class RecordWriter:
@@ -487,30 +586,52 @@ class RecordWriter:
     time takes every record waiting, in one transaction (a savepoint each, so that a
     record that fails loses no other); the records that end meanwhile wait for the next.
     A request's record costs one commit per batch instead of one each, and one thread
-    hop."""
+    hop.
 
-    def __init__(self) -> None:
+    Each record gets its idempotency key when it is queued. Records lost to an
+    unreachable database go to the spool (``GATEWAY_SPOOL_DIR``, see ``spool``) and are
+    replayed in the background when the database answers again; ``start`` replays
+    what an earlier process left there."""
+
+    def __init__(self, spool_dir: Path | None = None) -> None:
         self._lock = threading.Lock()
-        self._waiting: list[
-            tuple[KeyGrant, int, dict[str, Any], concurrent.futures.Future[None]]
-        ] = []
+        self._waiting: list[tuple[PendingRecord, concurrent.futures.Future[None]]] = []
         self._writing = False
+        self._spool_dir = spool_dir
+
+    @functools.cached_property
+    def replayer(self) -> SpoolReplayer:
+        """The spool and its replays (settings are read on first use, not at import)."""
+        spool = RecordSpool(self._spool_dir or Path(settings.GATEWAY_SPOOL_DIR))
+        return SpoolReplayer(spool, replay_records, submit_db)
+
+    def start(self) -> None:
+        """Replay the records an earlier process spooled (at the gateway's start)."""
+        if self.replayer.spool.pending():
+            self.replayer.soon(0)
 
     def add(
         self, grant: KeyGrant, deployment_id: int, fields: dict[str, Any]
     ) -> concurrent.futures.Future[None]:
-        """Queue one record (``write_record``'s arguments); the future ends when it is
-        committed, or with the error that lost it."""
+        """Queue one record (``request_record_create``'s arguments in ``fields``); the
+        future ends when it is committed or spooled, or with the error that lost it."""
+        record = PendingRecord(
+            record_key=uuid.uuid4(),
+            tenant_id=grant.tenant_id,
+            api_key_id=grant.api_key_id,
+            deployment_id=deployment_id,
+            fields=fields,
+        )
         written: concurrent.futures.Future[None] = concurrent.futures.Future()
         with self._lock:
-            self._waiting.append((grant, deployment_id, fields, written))
+            self._waiting.append((record, written))
             start, self._writing = not self._writing, True
         if start:
             submit_db(self._write).add_done_callback(self._job_ended)
         return written
 
     def _job_ended(self, job: concurrent.futures.Future[None]) -> None:
-        """A job that failed before it could write (no database connection) fails the
+        """A job that failed before it could write (no database connection) settles the
         records waiting, and the next record starts a new one."""
         error = job.exception()
         if error is None:
@@ -518,35 +639,44 @@ class RecordWriter:
         with self._lock:
             batch, self._waiting = self._waiting, []
             self._writing = False
-        for *_, written in batch:
-            written.set_exception(error)
+        self._settle(batch, [error] * len(batch))
 
     def _write(self) -> None:
-        from django.db import transaction
-
         while True:
             with self._lock:
                 batch, self._waiting = self._waiting, []
                 if not batch:
                     self._writing = False
                     return
-            errors: list[BaseException | None] = []
+            self._settle(batch, write_records([record for record, _ in batch]))
+
+    def _settle(
+        self,
+        batch: list[tuple[PendingRecord, concurrent.futures.Future[None]]],
+        errors: list[BaseException | None],
+    ) -> None:
+        """End each record's future: written, spooled (the database was unreachable),
+        or failed with its error."""
+        down = [record for (record, _), e in zip(batch, errors, strict=True) if _is_down(e)]
+        if down:
             try:
-                with transaction.atomic():
-                    for grant, deployment_id, fields, _ in batch:
-                        try:
-                            with transaction.atomic():
-                                write_record(grant, deployment_id, fields)
-                            errors.append(None)
-                        except Exception as e:
-                            errors.append(e)
-            except Exception as e:  # the commit failed: the whole batch is lost
-                errors = [e] * len(batch)
-            for (*_, written), error in zip(batch, errors, strict=True):
-                if error is None:
-                    written.set_result(None)
-                else:
-                    written.set_exception(error)
+                self.replayer.spool.append(down)
+            except OSError as e:
+                log.error("could not spool %d records: %r", len(down), e)
+                errors = [e if _is_down(error) else error for error in errors]
+            else:
+                log.warning("database unreachable: %d records spooled", len(down))
+                errors = [None if _is_down(error) else error for error in errors]
+                self.replayer.soon()
+        for (_, written), error in zip(batch, errors, strict=True):
+            if error is None:
+                written.set_result(None)
+            else:
+                written.set_exception(error)
+
+
+def _is_down(error: BaseException | None) -> bool:
+    return isinstance(error, DATABASE_DOWN)
 
 
 records = RecordWriter()

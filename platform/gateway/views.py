@@ -13,17 +13,19 @@ serves the same routes in the web process without Django's per-request thread ho
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
+from shunter.engine.server.jsonbody import parse_json
+from shunter.platform.gateway.demand import demand_of
 from shunter.platform.gateway.errors import ApiError, bad_request
 from shunter.platform.gateway.proxy import Exchange
 from shunter.platform.gateway.replies import (
@@ -35,11 +37,12 @@ from shunter.platform.gateway.replies import (
 )
 from shunter.platform.gateway.routes import routes
 from shunter.tenants.auth import authenticator
-from shunter.tenants.quotas import quota_limiter
+from shunter.tenants.quotas import QuotaUnavailable, quota_limiter
 
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 STARTED = int(time.time())
 ENDPOINTS = {"models": "GET", "chat/completions": "POST", "completions": "POST"}
+QUOTA_RETRY_S = 1  # Retry-After of a request refused because the quotas are unreachable
 
 Handler = Callable[..., Coroutine[Any, Any, Reply]]
 
@@ -95,13 +98,9 @@ async def models_reply(request: GatewayRequest, name: str | None = None) -> Repl
 
 
 def read_body(raw: bytes, path_model: str | None) -> dict[str, Any]:
-    """The JSON object body with its ``model`` (400 otherwise)."""
-    try:
-        body = json.loads(raw)
-    except UnicodeDecodeError:
-        raise bad_request("The request body is not valid UTF-8.") from None
-    except json.JSONDecodeError as e:
-        raise bad_request(f"The request body is not valid JSON: {e}.") from None
+    """The JSON object body (``jsonbody.parse_json``'s limits) with its ``model``
+    (400 otherwise)."""
+    body = parse_json(raw)
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.")
     model = body.get("model")
@@ -127,7 +126,29 @@ async def generate_reply(request: GatewayRequest, endpoint: str, name: str | Non
         grant = await authenticator.authenticate(request.headers.get("Authorization"))
         body = read_body(request.body, name)
         route = await routes.choose(grant, body["model"])
-        admission = await quota_limiter().admit(str(grant.tenant_id), grant.limits, new_id())
+        demand = demand_of(
+            body, endpoint, route.context_tokens, settings.GATEWAY_MAX_SEQUENCES_PER_REQUEST
+        )
+        try:
+            admission = await quota_limiter().admit(
+                str(grant.tenant_id),
+                grant.limits,
+                new_id(),
+                sequences=demand.sequences,
+                reserve=demand.reserve,
+            )
+        except QuotaUnavailable:
+            # Fail closed: without the counts no quota can be enforced (the limiter logs).
+            headers = {"Retry-After": str(QUOTA_RETRY_S)}
+            raise ApiError(
+                503,
+                "Quotas cannot be checked right now; try again shortly.",
+                type="service_unavailable",
+                code="quota_unavailable",
+            ) from None
+        if admission.too_large:
+            param = "n" if admission.refused == "concurrency" else "max_tokens"
+            raise bad_request(admission.message(), param)
         if not admission.admitted:
             headers = admission.headers()
             code = admission.error_code

@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 import pytest
+import redis.asyncio
 
 from shunter.tenants.quotas import (
+    Admission,
     InProcessQuotaLimiter,
     Limits,
     QuotaLimiter,
+    QuotaUnavailable,
     RedisQuotaLimiter,
     budget_period,
 )
+from tests.conftest import free_port
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
 # 2031-01-31 23:59:00 UTC: a minute, a day and a month end within the next 60 s.
@@ -189,3 +194,99 @@ def test_budget_period_names_and_ends() -> None:
 def test_limits_refuse_an_unknown_period() -> None:
     with pytest.raises(ValueError, match="budget_period"):
         Limits(budget_period="week")
+
+
+async def test_sequences_weigh_on_the_concurrency_limit(
+    limiter: tuple[QuotaLimiter, Clock],
+) -> None:
+    quotas, _ = limiter
+    limits = Limits(concurrency=4)
+    wide = await quotas.admit("t", limits, lease(), sequences=3)
+    assert wide.admitted and wide.lease and wide.sequences == 3
+    busy = await quotas.admit("t", limits, lease(), sequences=2)
+    assert busy.refused == "concurrency" and not busy.too_large
+    assert "4 sequences and this request runs 2" in busy.message()
+    assert (await quotas.admit("t", limits, lease(), sequences=1)).admitted  # 3 + 1 fit
+    await quotas.settle("t", wide, 0)
+    assert (await quotas.admit("t", limits, lease(), sequences=3)).admitted
+    # More sequences than the limit can never run: refused without a retry delay.
+    never = await quotas.admit("t", limits, lease(), sequences=5)
+    assert never.refused == "concurrency" and never.too_large and never.lease is None
+    assert "Retry-After" not in never.headers() and "5 sequences" in never.message()
+
+
+async def test_reservations_count_against_tokens_per_minute_then_settle_to_usage(
+    limiter: tuple[QuotaLimiter, Clock],
+) -> None:
+    quotas, clock = limiter
+    limits = Limits(tpm=100)
+    clock.now += 20
+    first = await quotas.admit("t", limits, lease(), reserve=60)
+    assert first.admitted and first.headers()["x-ratelimit-remaining-tokens"] == "40"
+    refused = await quotas.admit("t", limits, lease(), reserve=50)  # 60 + 50 > 100
+    assert refused.refused == "tokens" and refused.retry_after_s == pytest.approx(40)
+    assert "60 used, this request may use up to 50" in refused.message()
+    await quotas.settle("t", first, 20)  # it used 20 of the 60 it reserved
+    second = await quotas.admit("t", limits, lease(), reserve=50)
+    assert second.admitted and second.headers()["x-ratelimit-remaining-tokens"] == "30"
+    # A request that settles after its window ended changes only its own window.
+    clock.now += 40
+    await quotas.settle("t", second, 90)
+    third = await quotas.admit("t", limits, lease(), reserve=100)
+    assert third.admitted and third.tokens_used == 100
+    never = await quotas.admit("t", limits, lease(), reserve=101, sequences=8)
+    assert never.refused == "tokens" and never.too_large and never.reserved == 101
+    assert "up to 101 tokens" in never.message() and "8 sequences" in never.message()
+    assert "Retry-After" not in never.headers()
+
+
+async def test_reservations_count_against_the_budget(limiter: tuple[QuotaLimiter, Clock]) -> None:
+    quotas, clock = limiter
+    clock.now -= 3600
+    limits = Limits(token_budget=50)
+    first = await quotas.admit("t", limits, lease(), reserve=30)
+    assert first.admitted and first.budget_used == 30
+    refused = await quotas.admit("t", limits, lease(), reserve=30)
+    assert refused.refused == "budget" and refused.error_code == "insufficient_quota"
+    await quotas.settle("t", first, 45)  # the prompt estimate fell short: settle corrects
+    assert (await quotas.admit("t", limits, lease(), reserve=5)).admitted
+    assert (await quotas.admit("t", limits, lease(), reserve=1)).refused == "budget"
+    assert (await quotas.admit("t", limits, lease(), reserve=51)).too_large
+
+
+async def test_redis_unreachable_raises_quota_unavailable_and_logs_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    nobody = RedisQuotaLimiter(f"redis://127.0.0.1:{free_port()}/0")
+    with caplog.at_level(logging.WARNING, logger="shunter.quotas"):
+        for _ in range(3):
+            with pytest.raises(QuotaUnavailable):
+                await nobody.admit("t", Limits(rpm=10), lease())
+        with pytest.raises(QuotaUnavailable):
+            await nobody.settle("t", Admission(True, Limits(), lease="x", reserved=5), 1)
+    await nobody.aclose()
+    lines = [r for r in caplog.records if r.name == "shunter.quotas"]
+    assert len(lines) == 1 and lines[0].exc_info is None
+    assert "unavailable" in lines[0].getMessage()
+
+
+async def test_a_killed_redis_connection_is_reopened() -> None:
+    if not REDIS_URL:
+        pytest.skip("REDIS_URL is not set (make test sets it)")
+    quotas = RedisQuotaLimiter(REDIS_URL, prefix=f"test:quota:{uuid.uuid4().hex}")
+    limits = Limits(rpm=10, concurrency=5)
+    first = await quotas.admit("t", limits, lease(), sequences=2)
+    assert first.admitted
+    name = f"quota-test-{uuid.uuid4().hex}"
+    await quotas._clients.get().client_setname(name)
+    admin = redis.asyncio.Redis.from_url(REDIS_URL)
+    killed = [c["id"] for c in await admin.client_list() if c.get("name") == name]
+    assert killed
+    for client_id in killed:
+        await admin.client_kill_filter(_id=client_id)
+    await admin.aclose()
+    second = await quotas.admit("t", limits, lease(), sequences=3)
+    assert second.admitted and second.requests_used == 2
+    assert (await quotas.admit("t", limits, lease())).refused == "concurrency"
+    await quotas.reset("t")
+    await quotas.aclose()

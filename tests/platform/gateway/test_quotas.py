@@ -70,7 +70,9 @@ def test_thirty_parallel_requests_admit_exactly_ten_per_minute(setup: Setup) -> 
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_spent_token_budget_stops_further_requests(setup: Setup, stream: bool) -> None:
-    tenant = setup.world.tenant(setup.llama, token_budget=20, budget_period="day")
+    # The first request reserves 5 + 8 (the prompt's estimate) + 24 tokens of 40; the
+    # next one's reservation no longer fits what is left after it.
+    tenant = setup.world.tenant(setup.llama, token_budget=40, budget_period="day")
     _, secret = setup.world.key(tenant)
     rid = f"budget-{stream}-{tenant.pk}"
     r = setup.completion(secret, rid, max_tokens=24, ignore_eos=True, stream=stream)
@@ -84,7 +86,7 @@ def test_a_spent_token_budget_stops_further_requests(setup: Setup, stream: bool)
     r = setup.completion(secret)
     assert r.status == 429
     assert (r.error["type"], r.error["code"]) == ("insufficient_quota",) * 2
-    assert "20 tokens per day" in r.error["message"]
+    assert "40 tokens per day" in r.error["message"]
     assert int(r.headers["retry-after"]) <= 86400
 
 
