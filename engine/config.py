@@ -181,7 +181,11 @@ class SchedulerConfig:
     ``max_batch_tokens`` is the per-step token budget shared by decodes and prefill
     chunks; ``max_running`` caps concurrently running requests (vLLM's max_num_seqs).
     ``turn_quantum_s`` is the least time a temporal model holds the turn while it has
-    work.
+    work. With ``step_target_s`` the prefill tokens of a step (chunks and admissions)
+    are bounded further by a ``StepBudget``: as many as the measured step cost says fit
+    in that many seconds (decodes still come first and are not cut by it), so one long
+    prompt is chunked over several steps instead of holding every other request for
+    one long step. None (the default, and the simulator's) keeps the fixed budget.
     """
 
     policy: str = "lvf"
@@ -189,6 +193,7 @@ class SchedulerConfig:
     max_batch_tokens: int = 8192
     max_running: int = 256
     turn_quantum_s: float = 0.5
+    step_target_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -199,6 +204,8 @@ class SchedulerConfig:
             raise ValueError("max_batch_tokens and max_running must be positive")
         if self.turn_quantum_s < 0:
             raise ValueError("turn_quantum_s must be >= 0")
+        if self.step_target_s is not None and self.step_target_s <= 0:
+            raise ValueError("step_target_s must be positive")
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,14 @@ RECONCILE_TIMEOUT_S = 120.0
 
 
 class EngineError(Exception):
-    """A call to an engine failed; ``status`` is its HTTP status when it answered."""
+    """A call to an engine failed; ``status`` is its HTTP status when it answered;
+    ``refused`` is True when nothing listened at its address (the connection was
+    refused), as opposed to an engine slow to answer."""
 
-    def __init__(self, message: str, *, status: int | None = None) -> None:
+    def __init__(self, message: str, *, status: int | None = None, refused: bool = False) -> None:
         super().__init__(message)
         self.status = status
+        self.refused = refused
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,10 @@ class EngineClient:
         # URLError and timeouts are OSErrors; a connection cut mid-reply is neither.
         except (OSError, http.client.HTTPException) as e:
             reason = getattr(e, "reason", e)
-            raise EngineError(f"{method} {path}: engine unreachable: {reason}") from None
+            raise EngineError(
+                f"{method} {path}: engine unreachable: {reason}",
+                refused=isinstance(reason, ConnectionRefusedError),
+            ) from None
         try:
             parsed = json.loads(raw)
         except ValueError:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.cache import cache
@@ -468,9 +469,12 @@ class Polled:
     """A poll's outcome: whether the engine answered and serves (or is loading) models,
     whether it had restarted or served another set than desired, whether it was
     ``reconciling`` (replacing its models), its ``failure`` when it serves none after a
-    failed reload, and the reconcile that followed (if any)."""
+    failed reload, and the reconcile that followed (if any). ``missed`` counts the
+    consecutive polls the engine has not answered, this one included (0 when it
+    answered)."""
 
     healthy: bool
+    missed: int = 0
     restarted: bool = False
     drifted: bool = False
     reconciling: bool = False
@@ -537,6 +541,12 @@ def node_poll(*, node: Node) -> Polled:
     (names, sharing modes, priorities, and the KV bounds and longest context it reports),
     it is reconciled at once; one reconcile per node runs at a time.
 
+    An engine that does not answer (a timeout, a connection cut) is a miss: the node
+    keeps its status until ``settings.NODE_POLL_MISSES`` consecutive misses, so one
+    slow answer does not take it out of routing. A refused connection (nothing
+    listens) or an error status (draining, stalled, a wrong token) marks it unhealthy
+    at once.
+
     An engine replacing its models (``reconciling`` in its state: it lists none
     meanwhile) keeps the node's status; only its state is recorded. An engine that serves
     no models after a reload failed (``error`` in its state) turns the node unhealthy
@@ -550,8 +560,8 @@ def node_poll(*, node: Node) -> Polled:
         failure = "" if reconciling else str(state.get("error") or "")
         listed = {} if reconciling or failure else client.models()
     except EngineError as e:
-        _node_set(node, status=Node.Status.UNHEALTHY, last_error=f"poll: {e}")
-        return Polled(healthy=False)
+        return _poll_missed(node, e)
+    cache.delete(_misses_key(node))
     now = timezone.now()
     seen = {"last_seen": now, "state": state, "state_at": now}
     if reconciling:
@@ -580,6 +590,35 @@ def node_poll(*, node: Node) -> Polled:
     _node_set(node, **fields)
     reconciled = _reconcile_once(node) if restarted or drift else None
     return Polled(healthy=True, restarted=restarted, drifted=drift, reconciled=reconciled)
+
+
+# A miss older than this is forgotten: misses count only while polls keep coming.
+POLL_MISSES_TTL_S = 600
+
+
+def _misses_key(node: Node) -> str:
+    """Misses count per node and engine address: a node moved to another engine starts
+    over."""
+    return f"shunter:node-poll-misses:{node.pk}:{node.engine_url}"
+
+
+def _poll_missed(node: Node, error: EngineError) -> Polled:
+    """Count a poll ``error`` against ``node``; mark it unhealthy on a real failure."""
+    key = _misses_key(node)
+    if cache.add(key, 1, timeout=POLL_MISSES_TTL_S):
+        missed = 1
+    else:
+        try:
+            missed = cache.incr(key)
+        except ValueError:  # it expired in between
+            cache.set(key, 1, timeout=POLL_MISSES_TTL_S)
+            missed = 1
+    limit = settings.NODE_POLL_MISSES
+    if error.status is not None or error.refused or missed >= limit:
+        _node_set(node, status=Node.Status.UNHEALTHY, last_error=f"poll: {error}")
+    else:
+        _node_set(node, last_error=f"poll: {error} (missed {missed} of {limit} in a row)")
+    return Polled(healthy=False, missed=missed)
 
 
 def _reconcile_once(node: Node) -> Reconciled | None:

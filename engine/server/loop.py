@@ -5,6 +5,10 @@ abort one, run a function and return its result) through a queue; the thread blo
 that queue when the engine is idle, so an idle server does not spin. After each step it
 hands every request's new tokens and text to the request's ``Stream``, an asyncio queue
 read by the HTTP handler on the event loop.
+
+Readers on other threads (``/health``, ``/admin/state``) never wait for a step: the
+thread publishes an immutable ``EngineSnapshot`` after steps, after each ``call`` and
+before it waits idle, and they read the latest one.
 """
 
 from __future__ import annotations
@@ -27,12 +31,19 @@ from shunter.engine.exec.params import SamplingParams, TokenLogprob
 from shunter.engine.exec.serving import TorchEngine
 from shunter.engine.request import Request
 from shunter.engine.server.metrics import ServerMetrics
-from shunter.engine.server.state import remapped_layer_ids
+from shunter.engine.server.state import EngineSnapshot, remapped_layer_ids
 
 log = logging.getLogger("shunter.engine.server")
 T = TypeVar("T")
 RECENT_STEPS = 64
 ABORTED = "abort"
+# Taking a snapshot walks the arena's pages: after steps, at most one in this many
+# seconds (and after any step that finished a request), so a busy engine spends little
+# on it while readers see state at most this much older than the last step.
+SNAPSHOT_INTERVAL_S = 0.1
+# A loop that has published nothing for this long while it has work is stuck: a step
+# (or a command) runs that long. Far above any sane step, so a slow one is not a stall.
+DEFAULT_STALL_AFTER_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -88,11 +99,22 @@ class Stream:
 
 
 class EngineLoop:
-    """Steps ``engine`` on a thread of its own; see the module docstring."""
+    """Steps ``engine`` on a thread of its own; see the module docstring.
 
-    def __init__(self, engine: TorchEngine, metrics: ServerMetrics) -> None:
+    ``snapshot`` is the latest published state; ``stalled`` says whether the thread has
+    published nothing for ``stall_after_s`` seconds while it was not waiting idle.
+    """
+
+    def __init__(
+        self,
+        engine: TorchEngine,
+        metrics: ServerMetrics,
+        *,
+        stall_after_s: float = DEFAULT_STALL_AFTER_S,
+    ) -> None:
         self.engine = engine
         self.metrics = metrics
+        self.stall_after_s = stall_after_s
         self.recent_steps: deque[StepStats] = deque(maxlen=RECENT_STEPS)
         self.bytes_moved = {"d2h": 0, "h2d": 0}
         self._arena_version = -1
@@ -100,6 +122,10 @@ class EngineLoop:
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        # True while the thread blocks on an empty command queue: nothing changes then,
+        # so an old snapshot is still the current state.
+        self._waiting_idle = False
+        self.snapshot = EngineSnapshot.take(self)
 
     # -- from any thread ---------------------------------------------------------------
     def start(self) -> None:
@@ -125,13 +151,16 @@ class EngineLoop:
 
         def run() -> None:
             # ``fn`` runs even when the caller has given up (a command may change state);
-            # its outcome then has nobody to go to.
+            # its outcome then has nobody to go to. What it changed is published before
+            # the caller hears back, so its next read of the snapshot shows it.
             try:
                 result = fn()
             except Exception as e:  # handed to the caller
+                self._publish()
                 with contextlib.suppress(concurrent.futures.InvalidStateError):
                     future.set_exception(e)
             else:
+                self._publish()
                 with contextlib.suppress(concurrent.futures.InvalidStateError):
                     future.set_result(result)
 
@@ -147,6 +176,16 @@ class EngineLoop:
         """Commands queued for the engine thread, not yet run."""
         return self._commands.qsize()
 
+    @property
+    def stalled(self) -> bool:
+        """The thread runs but has published nothing for ``stall_after_s`` seconds while
+        it was busy (a step or command that long, or a hang). Safe from any thread."""
+        return (
+            self._thread.is_alive()
+            and not self._waiting_idle
+            and self.snapshot.age_s() > self.stall_after_s
+        )
+
     # -- on the engine thread ----------------------------------------------------------
     def _run(self) -> None:
         while not self._stopped:
@@ -161,10 +200,15 @@ class EngineLoop:
                     self._abort(stream, "the engine failed while running this request")
 
     def _drain(self, *, block: bool) -> None:
+        if block:
+            self._publish()
+            self._waiting_idle = True
         try:
             command = self._commands.get(block=block)
         except queue.Empty:
             return
+        finally:
+            self._waiting_idle = False
         while True:
             try:
                 command()
@@ -213,6 +257,13 @@ class EngineLoop:
         if error is not None:
             stream.put(Delta([], "", ABORTED, error))
 
+    def _publish(self) -> None:
+        """Swap in a new snapshot (one attribute write: readers see the old or the new)."""
+        try:
+            self.snapshot = EngineSnapshot.take(self)
+        except Exception:  # a reader's view must never stop the engine thread
+            log.exception("taking the engine snapshot failed")
+
     def _step(self) -> None:
         stats, outputs = self.engine.step_with_stats()
         self.recent_steps.append(stats)
@@ -244,6 +295,9 @@ class EngineLoop:
                 metrics.on_finish(request, output.finish_reason, stream.tenant)
                 delta = Delta(new, text, output.finish_reason, logprobs=logprobs)
             deliveries.setdefault(stream.loop, []).append((stream, delta))
+        # Before deliveries: a client that saw its request end reads a state without it.
+        if outputs or self.snapshot.age_s() >= SNAPSHOT_INTERVAL_S:
+            self._publish()
         for loop, batch in deliveries.items():
             loop.call_soon_threadsafe(_deliver, batch)
         self._observe(stats)

@@ -18,6 +18,7 @@ from shunter.engine.exec.cli import byte_count
 from shunter.engine.server.models import ModelArg, parse_model_arg
 
 DEFAULT_KV_TOKENS = 65536
+DEFAULT_MAX_SEQUENCES = 256
 TOP_KEYS = {
     "device",
     "hbm_budget",
@@ -27,6 +28,8 @@ TOP_KEYS = {
     "remap",
     "capacity_order",
     "grace_s",
+    "max_sequences_per_request",
+    "step_target_ms",
     "slo_classes",
     "models",
 }
@@ -53,7 +56,8 @@ class EngineSettings:
     the host swap space's default); ``host_budget`` is the host swap space's bytes;
     ``grace_s`` is how long shutdown waits for requests in flight. With ``remap`` the
     engine lends idle models' weight layers to the KV cache (Oneiros), taking device
-    memory in ``capacity_order``."""
+    memory in ``capacity_order``. ``step_target_s`` is the time a step should take
+    (None: derived from the models' SLO classes, see ``serve.step_target_s``)."""
 
     models: tuple[ModelArg, ...]
     device: str | None = None
@@ -65,6 +69,10 @@ class EngineSettings:
     capacity_order: tuple[str, ...] = CAPACITY_SOURCES
     grace_s: float = 30.0
     slo_classes: dict[str, SloSpec] = field(default_factory=dict)
+    # The most sequences (prompts x n) one request may run: a request's sequences all
+    # run at once, so without a bound one request could hold the engine for minutes.
+    max_sequences_per_request: int = DEFAULT_MAX_SEQUENCES
+    step_target_s: float | None = None
 
 
 def load_settings(config: Path | None, model_flags: Sequence[str]) -> EngineSettings:
@@ -114,6 +122,12 @@ def settings_from_dict(
         RemapConfig(capacity_order=tuple(order))
     except ValueError as e:
         raise SettingsError(f"{where}: {e}") from None
+    max_sequences = _typed(data, "max_sequences_per_request", int, where)
+    if max_sequences is not None and max_sequences < 1:
+        raise SettingsError(f"{where}: max_sequences_per_request must be at least 1")
+    step_target_ms = _typed(data, "step_target_ms", (int, float), where)
+    if step_target_ms is not None and step_target_ms <= 0:
+        raise SettingsError(f"{where}: step_target_ms must be positive")
     return EngineSettings(
         models=tuple(models),
         device=_typed(data, "device", str, where),
@@ -125,6 +139,8 @@ def settings_from_dict(
         capacity_order=tuple(order),
         grace_s=float(_typed(data, "grace_s", (int, float), where) or 30.0),
         slo_classes=slos,
+        max_sequences_per_request=max_sequences or DEFAULT_MAX_SEQUENCES,
+        step_target_s=None if step_target_ms is None else step_target_ms / 1000,
     )
 
 

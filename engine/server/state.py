@@ -1,9 +1,18 @@
-"""``GET /admin/state``: a snapshot of the engine's real state, taken between steps."""
+"""``GET /admin/state``: a snapshot of the engine's real state, taken between steps.
+
+The engine thread publishes an ``EngineSnapshot`` (``EngineLoop.snapshot``) after
+steps, after commands and before it waits idle; the HTTP side reads the latest one and
+never waits for a step to end. What the HTTP side owns (each model's configured
+sharing, priority and limits) is merged in when the route answers (``with_config``).
+"""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from shunter.engine.exec.serving import TorchEngine, remapped_layers
@@ -32,12 +41,57 @@ def _remapped_pages(memory: KVMemory, model: str, layers: list[int]) -> int:
     )
 
 
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """The engine's state as ``engine_facts`` gave it at ``t_snapshot`` (the monotonic
+    clock). ``state`` is read-only and never changes after publication: readers on any
+    thread take the whole snapshot by one attribute read (the loop swaps it)."""
+
+    state: Mapping[str, Any]
+    t_snapshot: float
+
+    @classmethod
+    def take(cls, loop: EngineLoop) -> EngineSnapshot:
+        """A snapshot of ``loop``'s engine now; on the engine thread, or before it starts."""
+        return cls(MappingProxyType(engine_facts(loop)), time.monotonic())
+
+    def age_s(self, now: float | None = None) -> float:
+        return (time.monotonic() if now is None else now) - self.t_snapshot
+
+
 def engine_state(loop: EngineLoop, models: Mapping[str, ServedModel]) -> dict[str, Any]:
-    """Per model: sharing, priority, KV bounds and ``max_context`` as configured (None
-    where unset), whether it is active (spatial, or holding the turn), KV blocks,
-    weight pages resident and remapped layers, requests by state; the temporal turn; the
+    """``engine_facts`` with each model's configuration (``with_config``). Call it on
+    the engine thread (``EngineLoop.call``)."""
+    return with_config(engine_facts(loop), models)
+
+
+def with_config(facts: Mapping[str, Any], models: Mapping[str, ServedModel]) -> dict[str, Any]:
+    """A copy of ``facts`` with each model's sharing, priority, KV bounds and
+    ``max_context`` as configured (None where unset) in front of its facts. A model the
+    server no longer lists (a reload under way) gets no configuration."""
+    per_model = {}
+    for name, model_facts in facts["models"].items():
+        served = models.get(name)
+        config: dict[str, Any] = {}
+        if served is not None:
+            arg = served.arg
+            config = {
+                "sharing": arg.sharing,
+                "priority": arg.priority,
+                "kv_floor": arg.kv_floor,
+                "kv_ceiling": arg.kv_ceiling,
+                "max_context": arg.max_context,
+            }
+        per_model[name] = config | model_facts
+    return {**facts, "models": per_model}
+
+
+def engine_facts(loop: EngineLoop) -> dict[str, Any]:
+    """Per model: whether it is active (spatial, or holding the turn), KV blocks, weight
+    pages resident and remapped layers, requests by state; the temporal turn; the
     arena's pages by owner; host swap use; rotations and bytes moved per direction; recent
-    step times. Call it on the engine thread (``EngineLoop.call``)."""
+    step times and the current per-step token budget. Call it on the engine thread, or
+    before the loop starts."""
     engine: TorchEngine = loop.engine
     core = engine.core
     memory, scheduler = core.memory, core.scheduler
@@ -46,17 +100,11 @@ def engine_state(loop: EngineLoop, models: Mapping[str, ServedModel]) -> dict[st
     owners = arena.counts()
     per_model = {}
     for name, q in scheduler.queues.items():
-        arg = models[name].arg
         remapped = remapped_layer_ids(memory, name)
         weight_pages = sum(
             n for o, n in owners.items() if o.kind is OwnerKind.WEIGHTS and o.model == name
         )
         per_model[name] = {
-            "sharing": arg.sharing,
-            "priority": arg.priority,
-            "kv_floor": arg.kv_floor,
-            "kv_ceiling": arg.kv_ceiling,
-            "max_context": arg.max_context,
             "active": tenancy.is_active(name),
             "kv_blocks_used": memory.blocks_used()[name],
             "kv_blocks_total": memory.num_total_blocks(name),
@@ -110,5 +158,6 @@ def engine_state(loop: EngineLoop, models: Mapping[str, ServedModel]) -> dict[st
             "total": totals.steps,
             "recent_duration_s": [s.duration_s for s in steps],
             "recent_schedule_s": [s.schedule_s for s in steps],
+            "token_budget": scheduler.step_tokens,
         },
     }

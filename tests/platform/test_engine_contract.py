@@ -27,6 +27,7 @@ from shunter.platform.services import (
     served_set,
     slo_class_create,
 )
+from tests.conftest import free_port
 from tests.tenants.factories import make_deployment, make_model, make_node, slo
 
 pytestmark = pytest.mark.django_db
@@ -148,17 +149,27 @@ def test_drift_compares_the_limits_an_engine_reports() -> None:
 
 class StubEngine(BaseHTTPRequestHandler):
     """An engine's control routes answering from ``server.state``; PUT bodies are kept
-    in ``server.puts``."""
+    in ``server.puts``. With ``server.slow`` set ``/health`` answers only once
+    ``server.release`` is set; with ``server.cut`` it closes the connection unanswered;
+    ``server.health`` is its status code."""
 
     server: Any
 
     def do_GET(self) -> None:
         self.server.gets.append(self.path)
+        if self.path == "/health" and self.server.cut:
+            self.close_connection = True
+            return
+        if self.path == "/health" and self.server.slow:
+            self.server.release.wait(30)
         state = self.server.state
         if self.path == "/v1/models" and (state.get("reconciling") or state.get("error")):
             # As the engine: no model list while it has no engine loop.
             error = {"message": "The engine serves no models", "type": "service_unavailable"}
             self._reply({"error": error}, 503)
+            return
+        if self.path == "/health" and self.server.health != 200:
+            self._reply({"status": "stalled"}, self.server.health)
             return
         replies = {
             "/health": {"status": "ok"},
@@ -188,9 +199,12 @@ class StubEngine(BaseHTTPRequestHandler):
 def stub_engine() -> Iterator[Any]:
     server: Any = ThreadingHTTPServer(("127.0.0.1", 0), StubEngine)
     server.state, server.gets, server.puts = {}, [], []
+    server.slow, server.cut, server.release = False, False, threading.Event()
+    server.health = 200
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server
+    server.release.set()
     server.shutdown()
     server.server_close()
 
@@ -254,3 +268,57 @@ def test_poll_gives_an_engine_that_serves_no_models_the_desired_set_again(
     assert node.status == Node.Status.HEALTHY and node.last_error == ""
     (put,) = stub_engine.puts
     assert put["models"][0]["name"] == "m" and put["models"][0]["kv_ceiling"] == 1 << 30
+
+
+def test_one_slow_answer_keeps_the_node_and_consecutive_misses_take_it_out(
+    stub_engine: Any, settings: Any
+) -> None:
+    settings.NODE_POLL_MISSES = 3
+    node = make_node(engine_url=f"http://127.0.0.1:{stub_engine.server_address[1]}")
+    make_deployment(node=node, model=make_model(name="m"))
+    stub_engine.state = state(m=SERVED | {"max_context": None})
+    assert node_poll(node=node).healthy and node.status == Node.Status.HEALTHY
+
+    # One answer slower than the poll's timeout: a miss, and the node stays routable.
+    stub_engine.slow = True
+    try:
+        polled = node_poll(node=node)
+    finally:
+        stub_engine.release.set()
+    node.refresh_from_db()
+    assert not polled.healthy and polled.missed == 1
+    assert node.status == Node.Status.HEALTHY and "missed 1 of 3" in node.last_error
+
+    # It answers again: the count starts over and the error clears.
+    stub_engine.slow = False
+    polled = node_poll(node=node)
+    assert polled.healthy and polled.missed == 0 and node.last_error == ""
+
+    # Three connections in a row cut unanswered: unhealthy at the third.
+    stub_engine.cut = True
+    for missed in (1, 2):
+        polled = node_poll(node=node)
+        assert polled.missed == missed and node.status == Node.Status.HEALTHY
+    polled = node_poll(node=node)
+    node.refresh_from_db()
+    assert polled.missed == 3 and node.status == Node.Status.UNHEALTHY
+    assert "unreachable" in node.last_error
+
+
+def test_a_refused_connection_or_an_error_status_marks_the_node_unhealthy_at_once(
+    stub_engine: Any,
+) -> None:
+    refused = make_node(engine_url=f"http://127.0.0.1:{free_port()}", status=Node.Status.HEALTHY)
+    polled = node_poll(node=refused)
+    refused.refresh_from_db()
+    assert not polled.healthy and refused.status == Node.Status.UNHEALTHY
+
+    answered = make_node(
+        engine_url=f"http://127.0.0.1:{stub_engine.server_address[1]}",
+        status=Node.Status.HEALTHY,
+    )
+    stub_engine.health = 503  # an engine that answers it is stalled (or draining)
+    polled = node_poll(node=answered)
+    answered.refresh_from_db()
+    assert not polled.healthy and answered.status == Node.Status.UNHEALTHY
+    assert "HTTP 503" in answered.last_error

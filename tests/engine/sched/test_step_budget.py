@@ -1,0 +1,113 @@
+"""The step budget: tokens per step from the measured step cost, and the scheduler
+chunking a long prompt under it while decodes keep their place in every step."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from shunter.engine.core import EngineCore
+from shunter.engine.plan import StepPlan, StepResult
+from shunter.engine.sched.step_budget import StepBudget
+from tests.engine.fakes import FakeExecutor, make_core, request, tiny_config
+
+OVERHEAD_S, PER_TOKEN_S = 0.004, 1e-4
+
+
+def _linear(n: int) -> float:
+    return OVERHEAD_S + PER_TOKEN_S * n
+
+
+def test_the_budget_fits_the_target_from_a_linear_step_cost() -> None:
+    budget = StepBudget(0.05, max_tokens=8192)
+    for n in [1, 2, 300, 1, 120, 1, 1, 256, 64, 1] * 3:
+        budget.observe(n, _linear(n))
+    assert budget.overhead_s == pytest.approx(OVERHEAD_S, rel=1e-6)
+    assert budget.per_token_s == pytest.approx(PER_TOKEN_S, rel=1e-6)
+    assert abs(budget.tokens - 460) <= 1  # (0.05 - OVERHEAD_S) / PER_TOKEN_S
+    assert _linear(budget.tokens) <= 0.05 + 1e-9
+
+
+def test_before_any_step_and_at_the_bounds() -> None:
+    budget = StepBudget(0.05, max_tokens=8192, min_tokens=32, initial_tokens=256)
+    assert budget.tokens == 256 and budget.per_token_s is None
+    budget.observe(0, 5.0)  # a step of copies only says nothing about tokens
+    assert budget.tokens == 256
+    slow = StepBudget(0.05, max_tokens=8192, min_tokens=32)
+    slow.observe(10, 1.0)
+    assert slow.tokens == 32  # under the target's reach: the least chunk still runs
+    fast = StepBudget(0.05, max_tokens=1024)
+    fast.observe(100, 1e-5)
+    assert fast.tokens == 1024  # never above the fixed budget
+
+
+def test_steps_of_one_size_count_their_whole_cost_per_token() -> None:
+    budget = StepBudget(0.05, max_tokens=8192)
+    for _ in range(20):
+        budget.observe(100, _linear(100))
+    # Overhead and per-token cost cannot be told apart: the budget errs small.
+    assert budget.overhead_s == 0.0
+    assert budget.per_token_s == pytest.approx(_linear(100) / 100)
+    assert _linear(budget.tokens) <= 0.05
+
+
+def test_the_budget_follows_a_device_that_slows_down() -> None:
+    budget = StepBudget(0.05, max_tokens=8192)
+    sizes = [1, 50, 200, 400]
+    for n in sizes * 5:
+        budget.observe(n, _linear(n))
+    before = budget.tokens
+    for n in sizes * 10:
+        budget.observe(n, 3 * _linear(n))
+    assert budget.tokens < before / 2
+    assert 3 * _linear(budget.tokens) <= 0.05 * 1.01
+
+
+def _timed(core: EngineCore) -> None:
+    """Make the core's fake executor take ``_linear(tokens)`` per step."""
+    executor = core.executor
+    assert isinstance(executor, FakeExecutor)
+    execute = executor.execute
+
+    def run(plan: StepPlan) -> StepResult:
+        executor.dt = _linear(plan.num_batch_tokens)
+        return execute(plan)
+
+    executor.execute = run  # type: ignore[method-assign]
+
+
+def _long_prompt_beside_a_decode(step_target_s: float | None) -> tuple[EngineCore, list[StepPlan]]:
+    """A decoding request, then a 2,000-token prompt; the plans of the steps until the
+    prompt's first token."""
+    config = tiny_config(kv_blocks=600, max_batch_tokens=4096)
+    scheduler = dataclasses.replace(config.scheduler, step_target_s=step_target_s)
+    core, _ = make_core(dataclasses.replace(config, scheduler=scheduler))
+    _timed(core)
+    chat, long = request("chat", 8, 200), request("long", 2000, 1)
+    core.add_request(chat)
+    while chat.num_output_tokens < 2:
+        core.step()
+    core.add_request(long)
+    plans = []
+    while long.num_output_tokens == 0:
+        core.step()
+        plans.append(core.executor.plans[-1])  # type: ignore[attr-defined]
+    return core, plans
+
+
+def test_a_long_prompt_is_chunked_within_the_step_target_and_decodes_run_between() -> None:
+    target = 0.05
+    core, plans = _long_prompt_beside_a_decode(target)
+    chunks = [e.num_tokens for p in plans for e in p.batch if e.request_id == "long"]
+    assert sum(chunks) == 2000 and len(chunks) >= 4
+    # Every step of the prompt also gave the decoding request its next token.
+    assert all(any(e.request_id == "chat" and e.samples for e in p.batch) for p in plans)
+    # Once the cost is measured, no step runs over the target.
+    assert all(_linear(p.num_batch_tokens) <= target for p in plans[2:])
+    assert core.scheduler.step_tokens < 4096
+
+
+def test_without_a_step_target_the_fixed_budget_takes_the_prompt_in_one_step() -> None:
+    _, plans = _long_prompt_beside_a_decode(None)
+    assert [e.num_tokens for p in plans for e in p.batch if e.request_id == "long"] == [2000]
