@@ -5,11 +5,12 @@ Pure logic: no torch. The torch executor and the simulator drive the same core.
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from shunter.engine.config import EngineConfig
+from shunter.engine.config import EngineConfig, ModelSpec, TenantSpec
 from shunter.engine.interfaces import Clock, Executor, Transfers
 from shunter.engine.memory.manager import KVMemory
 from shunter.engine.plan import BlockCopies, StepPlan, StepResult
@@ -64,6 +65,17 @@ class StepStats:
     finished: list[Request] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class NewModel:
+    """A model to serve while running: its spec and tenancy, the KV tokens it must have
+    room for (a full context), and its layer timing (with remapping on)."""
+
+    spec: ModelSpec
+    tenant: TenantSpec
+    num_tokens: int
+    timing: LayerTiming | None = None
+
+
 class EngineCore:
     """Serves the requests of every model in ``config`` one step at a time.
 
@@ -100,6 +112,38 @@ class EngineCore:
         self.scheduler = Scheduler(config, self.memory, policy, self.remapper)
         self._block_bytes = {spec.name: config.block_bytes(spec.name) for spec in config.models}
         self._step = 0
+
+    def change_models(
+        self,
+        removing: Sequence[str],
+        adding: Sequence[NewModel],
+    ) -> None:
+        """Stop serving the models ``removing`` and start serving ``adding``, between
+        two steps; every other model's requests stay as they are.
+
+        Raises NoRoom (a ValueError with the bytes needed, free and reclaimable),
+        changing nothing, when the added models' weights and a full context of each
+        (``NewModel.num_tokens``) would not fit the arena with the removed models gone,
+        or a live request of another model would no longer fit; ValueError, changing
+        nothing, while a removed model still has live requests or copies in flight.
+        """
+        for model in removing:
+            if self.scheduler.queues[model] or not self.memory.can_remove_model(model):
+                raise ValueError(f"model {model!r} still has live requests or copies in flight")
+        others = [r for r in self.scheduler.requests.values() if r.model not in removing]
+        self.memory.check_room([(m.spec, m.num_tokens) for m in adding], removing, others)
+        for model in removing:
+            self.scheduler.remove_model(model)
+        for m in adding:
+            self.scheduler.add_model(m.spec, m.tenant, m.timing)
+        gone = set(removing)
+        self.config = dataclasses.replace(
+            self.config,
+            models=tuple(s for s in self.config.models if s.name not in gone)
+            + tuple(m.spec for m in adding),
+            tenants=tuple(self.scheduler.tenancy.tenants.values()),
+        )
+        self._block_bytes = {s.name: self.config.block_bytes(s.name) for s in self.config.models}
 
     def add_request(self, request: Request) -> None:
         """Queue a WAITING request; ``request.t_arr`` is its arrival on this clock."""

@@ -141,6 +141,20 @@ class CudaTransfers(KVTransfers):
         self._pending: deque[_StepCopies] = deque()
         self._h2d_events: dict[str, torch.cuda.Event] = {}
 
+    def add_model(self, model: str, device_kv: torch.Tensor, host_kv: torch.Tensor) -> None:
+        """One more model on this device; the staging buffers grow to hold its block."""
+        if device_kv.device != self.device:
+            raise ValueError(f"model {model!r}: its KV is not on {self.device}")
+        super().add_model(model, device_kv, host_kv)
+        block = device_kv[0].nbytes
+        if block > self._d2h_staging.numel():
+            # Allocated on their own streams: the old buffers return to the allocator
+            # ordered after the copies already queued there.
+            with torch.cuda.stream(self.d2h_stream):
+                self._d2h_staging = torch.empty(block, dtype=torch.uint8, device=self.device)
+            with torch.cuda.stream(self.h2d_stream):
+                self._h2d_staging = torch.empty(block, dtype=torch.uint8, device=self.device)
+
     def submit(self, plan: StepPlan) -> None:
         compute = torch.cuda.current_stream(self.device)
         d2h = [(model, copies) for model in self.device_kv if (copies := plan.d2h(model))]

@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from shunter.engine.config import EngineConfig, ModelSpec, SloSpec
-from shunter.engine.core import EngineCore, StepStats
+from shunter.engine.config import EngineConfig, ModelSpec, SloSpec, TenantSpec
+from shunter.engine.core import EngineCore, NewModel, StepStats
 from shunter.engine.exec.arena import DeviceArena
 from shunter.engine.exec.detok import token_bytes
 from shunter.engine.exec.forced_remap import ForcedRemap
@@ -29,7 +29,7 @@ from shunter.engine.exec.hf_config import (
     model_spec_from_config,
     read_config,
 )
-from shunter.engine.exec.loader import TORCH_DTYPES, load_host_weights
+from shunter.engine.exec.loader import TORCH_DTYPES, ModelWeights, load_host_weights
 from shunter.engine.exec.model import Transformer, kv_block_shape
 from shunter.engine.exec.packing import PackedLayers, pack_layers
 from shunter.engine.exec.params import SamplingParams
@@ -39,6 +39,7 @@ from shunter.engine.exec.transfers import host_swap_space, make_transfers
 from shunter.engine.interfaces import MonotonicClock
 from shunter.engine.memory.arena import PageOwner
 from shunter.engine.memory.manager import KVMemory
+from shunter.engine.remap.timing import LayerTiming
 from shunter.engine.request import Request
 
 # The papers' default SLOs (5 s TTFT, 100 ms TBT).
@@ -119,6 +120,62 @@ def model_specs(
     )
 
 
+@dataclass
+class PreparedModel:
+    """A model read from its directory, not placed yet: host weights (decoder layers
+    packed, and pinned on a GPU), its host swap space, what ends its requests and, with
+    remapping on, its measured layer timing."""
+
+    name: str
+    spec: ModelSpec
+    arch: ArchConfig
+    dtype: torch.dtype
+    host: ModelWeights
+    packed: PackedLayers
+    kv_shape: tuple[int, ...]
+    host_kv: torch.Tensor
+    eos_token_ids: tuple[int, ...]
+    token_bytes: list[bytes]
+    timing: LayerTiming | None
+
+
+def prepare_model(
+    name: str,
+    path: Path,
+    config: EngineConfig,
+    device: torch.device,
+    dtype: torch.dtype | None,
+    *,
+    timing: bool,
+) -> PreparedModel:
+    """Read model ``name`` from ``path`` for an engine of ``config`` on ``device`` (in
+    ``dtype``, default the checkpoint's); with ``timing``, measure its layer copies."""
+    config_json = read_config(path)
+    arch = ArchConfig.from_hf(config_json)
+    model_dtype = dtype or TORCH_DTYPES[arch.dtype]
+    pin = device.type == "cuda"
+    # Only the decoder layers are ever copied again: they alone are pinned.
+    host = load_host_weights(path, arch, dtype=model_dtype, pin=False)
+    packed = pack_layers(host, pin=pin)
+    shape = kv_block_shape(arch, config.block_tokens)
+    tokenizer = Tokenizer.from_file(str(Path(path) / "tokenizer.json"))
+    return PreparedModel(
+        name=name,
+        spec=model_spec_from_config(
+            config_json, name, dtype=None if dtype is None else DTYPE_NAMES[dtype]
+        ),
+        arch=arch,
+        dtype=model_dtype,
+        host=host,
+        packed=packed,
+        kv_shape=shape,
+        host_kv=host_swap_space(config.host_swap_bytes, shape, model_dtype, pin=pin),
+        eos_token_ids=eos_token_ids(path),
+        token_bytes=token_bytes(tokenizer),
+        timing=measure_timing(packed, device) if timing else None,
+    )
+
+
 class TorchEngine:
     """Serves the model directories ``models`` (by name) with ``config`` on ``device``.
 
@@ -148,21 +205,15 @@ class TorchEngine:
         if force_remap is not None and not config.remap.enabled:
             raise ValueError("force_remap needs config.remap.enabled")
         self.arena = DeviceArena(config.num_pages, config.page_bytes, device)
-        hosts, device_kv, host_kv = {}, {}, {}
-        self.packed: dict[str, PackedLayers] = {}
-        pin = device.type == "cuda"
-        for name, path in models.items():
-            arch = ArchConfig.from_hf(read_config(path))
-            model_dtype = dtype or TORCH_DTYPES[arch.dtype]
-            # Only the decoder layers are ever copied again: they alone are pinned.
-            host = load_host_weights(path, arch, dtype=model_dtype, pin=False)
-            self.packed[name] = pack_layers(host, pin=pin)
-            hosts[name] = (arch, host)
-            shape = kv_block_shape(arch, config.block_tokens)
-            device_kv[name] = self.arena.kv_cache(shape, model_dtype)
-            host_kv[name] = host_swap_space(config.host_swap_bytes, shape, model_dtype, pin=pin)
-        self.transfers = make_transfers(device_kv, host_kv)
+        self.device, self.dtype = device, dtype
+        prepared = {
+            name: prepare_model(name, path, config, device, dtype, timing=False)
+            for name, path in models.items()
+        }
+        device_kv = {name: self.arena.kv_cache(p.kv_shape, p.dtype) for name, p in prepared.items()}
+        self.transfers = make_transfers(device_kv, {n: p.host_kv for n, p in prepared.items()})
         self.executor = TorchExecutor(self.transfers)
+        self.packed = {name: p.packed for name, p in prepared.items()}
         timings = None
         if config.remap.enabled:
             timings = {name: measure_timing(p, device) for name, p in self.packed.items()}
@@ -179,27 +230,57 @@ class TorchEngine:
             remapper.controller = ForcedRemap(
                 remapper.controller, force_remap, inactive_only=force_remap_inactive
             )
-        for name, path in models.items():
-            arch, host = hosts[name]
-            layout = self.core.memory.weights[name]
-            packed = self.packed[name]
-            weights = self.arena.place_weights(host, packed, layout)
-            tokenizer = Tokenizer.from_file(str(Path(path) / "tokenizer.json"))
-            served = ServedModel(
-                model=Transformer(arch, weights),
-                kv_cache=device_kv[name],
-                block_tokens=config.block_tokens,
-                eos_token_ids=eos_token_ids(path),
-                token_bytes=token_bytes(tokenizer),
-                frames=WeightFrames(packed, self.arena.frames(layout, packed)),
-            )
-            self.executor.add_model(name, served)
+        self.host_weights = {name: p.host for name, p in prepared.items()}
+        for name, p in prepared.items():
+            self._serve(p, device_kv[name])
         self.executor.bind(self.core.scheduler.requests, self.core.memory.block_ids)
-        self.host_weights = {name: host for name, (_, host) in hosts.items()}
         self.totals = Totals()
         self._ids = itertools.count()
         self._arena_version = -1
         self._remapped = 0
+
+    def prepare_model(self, name: str, path: Path) -> PreparedModel:
+        """Read a model directory for ``change_models``. Any thread may call it (it
+        touches nothing of the running engine), so the engine keeps stepping while a
+        model loads."""
+        config = self.core.config
+        return prepare_model(
+            name, path, config, self.device, self.dtype, timing=config.remap.enabled
+        )
+
+    def change_models(
+        self, removing: Sequence[str], adding: Sequence[tuple[PreparedModel, TenantSpec, int]]
+    ) -> None:
+        """Stop serving ``removing`` and serve ``adding`` (each prepared model with its
+        tenancy and the KV tokens it must have room for), between two steps; call it
+        on the engine's thread. The other models' requests stay as they are. Raises
+        ValueError (``NoRoom`` when it does not fit), changing nothing; see
+        ``EngineCore.change_models``."""
+        new = [NewModel(p.spec, tenant, tokens, p.timing) for p, tenant, tokens in adding]
+        self.core.change_models(removing, new)
+        for name in removing:
+            self.executor.remove_model(name)
+            self.transfers.remove_model(name)
+            del self.packed[name], self.host_weights[name]
+        for p, _, _ in adding:
+            kv = self.arena.kv_cache(p.kv_shape, p.dtype)
+            self.transfers.add_model(p.name, kv, p.host_kv)
+            self.packed[p.name], self.host_weights[p.name] = p.packed, p.host
+            self._serve(p, kv)
+
+    def _serve(self, p: PreparedModel, kv_cache: torch.Tensor) -> None:
+        """Copy a prepared model into its pages (placed by the core) and run it."""
+        layout = self.core.memory.weights[p.name]
+        weights = self.arena.place_weights(p.host, p.packed, layout)
+        served = ServedModel(
+            model=Transformer(p.arch, weights),
+            kv_cache=kv_cache,
+            block_tokens=self.core.config.block_tokens,
+            eos_token_ids=p.eos_token_ids,
+            token_bytes=p.token_bytes,
+            frames=WeightFrames(p.packed, self.arena.frames(layout, p.packed)),
+        )
+        self.executor.add_model(p.name, served)
 
     def add_request(
         self,

@@ -82,6 +82,10 @@ class TorchExecutor(Executor):
         if device not in self._copies:
             self._copies[device] = CopyStream(device)
 
+    def remove_model(self, name: str) -> None:
+        """Stop running a model (none of its requests may be scheduled again)."""
+        del self.models[name]
+
     def bind(self, requests: Mapping[str, Request], block_ids: Callable[[str], list[int]]) -> None:
         """Where live requests (by id) and their device block tables are read from."""
         self._requests = requests

@@ -61,6 +61,17 @@ class KVTransfers(Transfers):
         self.device_kv = dict(device_kv)
         self.host_kv = dict(host_kv)
 
+    def add_model(self, model: str, device_kv: torch.Tensor, host_kv: torch.Tensor) -> None:
+        """Copy one more model's blocks from the next plan on."""
+        if device_kv.shape[1:] != host_kv.shape[1:] or device_kv.dtype != host_kv.dtype:
+            raise ValueError(f"model {model!r}: device and host blocks differ")
+        self.device_kv[model] = device_kv
+        self.host_kv[model] = host_kv
+
+    def remove_model(self, model: str) -> None:
+        """Forget a model none of whose copies is in flight."""
+        del self.device_kv[model], self.host_kv[model]
+
     def wait_swapped_in(self, request_ids: Iterable[str]) -> None:
         """Copies that completed inside ``submit`` need no waiting: the default."""
 

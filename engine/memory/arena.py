@@ -192,6 +192,16 @@ class Arena:
         chunks = zip(*[iter(free_flags)] * size, strict=True)
         return [c for c, flags in enumerate(chunks) if all(flags)]
 
+    def copy(self) -> Arena:
+        """An independent copy of the ownership (chunk tracking included), for trying a
+        placement without changing this arena."""
+        other = Arena(self.num_pages, self.page_bytes)
+        other.version = self.version
+        other._owners = self._owners.copy()
+        other._num_free = self._num_free
+        other._free_chunks = {size: free.copy() for size, free in self._free_chunks.items()}
+        return other
+
     def find_free_run(self, num_pages: int, *, from_top: bool = False) -> int | None:
         """First page of a run of ``num_pages`` free pages (lowest, or highest)."""
         starts = range(self.num_pages - num_pages + 1)

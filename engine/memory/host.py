@@ -26,6 +26,14 @@ class HostSwap:
         self._next_id[model] = 0
         self._num_used[model] = 0
 
+    def unregister(self, model: str) -> None:
+        """Forget a model none of whose host blocks is used (ValueError otherwise)."""
+        used = self._num_used[model]
+        if used:
+            raise ValueError(f"host swap space: {model!r} still uses {used} blocks")
+        del self._block_bytes[model], self._recycled[model]
+        del self._next_id[model], self._num_used[model]
+
     def num_used(self, model: str) -> int:
         return self._num_used[model]
 

@@ -11,10 +11,10 @@ and ``end_step``; ``complete`` applies what the transfer engine reports done.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 
-from shunter.engine.config import EngineConfig
-from shunter.engine.memory.arena import Arena
+from shunter.engine.config import EngineConfig, ModelSpec
+from shunter.engine.memory.arena import FREE, Arena, PageOwner
 from shunter.engine.memory.bounds import KvBounds
 from shunter.engine.memory.host import HostSwap
 from shunter.engine.memory.inflight import InFlight
@@ -22,11 +22,22 @@ from shunter.engine.memory.integrity import check_table
 from shunter.engine.memory.pool import BlockPool
 from shunter.engine.memory.relocation import Relocation
 from shunter.engine.memory.table import BlockTable
-from shunter.engine.memory.weights import place_weights
+from shunter.engine.memory.weights import (
+    WeightLayout,
+    pages_for,
+    place_model,
+    place_weights,
+    weight_pages,
+)
 from shunter.engine.plan import BlockCopies, StepPlan
 from shunter.engine.request import Request, RequestState
 
 RUNNING = RequestState.RUNNING
+
+
+class NoRoom(ValueError):
+    """Models to add do not fit the arena, even with what can be reclaimed; the message
+    gives the bytes needed and the bytes free and reclaimable."""
 
 
 class KVMemory(Relocation):
@@ -58,12 +69,9 @@ class KVMemory(Relocation):
         self.weights = place_weights(self.arena, config.models)
         self.host = HostSwap(config.host_swap_bytes)
         self.bounds = KvBounds(config.tenants)
+        self._remap = config.remap
         self._kv_bytes = self.arena.num_free_pages * self.arena.page_bytes
-        if config.remap.enabled:
-            self._kv_bytes += sum(
-                math.floor(config.remap.cap_fraction * m.num_layers) * self.frame_bytes(m.name)
-                for m in config.models
-            )
+        self._kv_bytes += sum(self._lendable_bytes(m) for m in config.models)
         self._pools: dict[str, BlockPool] = {}
         for spec in config.models:
             block_bytes = spec.block_bytes(config.block_tokens)
@@ -393,7 +401,137 @@ class KVMemory(Relocation):
             pool.check_integrity(set(devices))
             self.host.check_integrity(model, set(hosts))
 
+    # -- models added and removed while serving ------------------------------------------
+    def check_room(
+        self,
+        adding: Sequence[tuple[ModelSpec, int]],
+        removing: Collection[str] = (),
+        requests: Iterable[Request] = (),
+    ) -> None:
+        """Raise NoRoom, changing nothing, unless removing the models ``removing`` and
+        then adding each ``(spec, tokens)`` of ``adding`` fits: every added model's
+        weights in free runs of the arena (free pages, every page of a removed model,
+        and the chunks the other models hold without a used block), room for ``tokens``
+        KV tokens of each added model, and room for each of ``requests`` (live requests
+        of the models that stay) at full length, all within the KV floors."""
+        arena = self.arena
+        scratch = arena.copy()
+        reclaimed: dict[PageOwner, list[int]] = {}
+        for model, pool in self._pools.items():
+            chunks = pool.held_chunks if model in removing else pool.empty_chunks()
+            reclaimed.setdefault(pool.owner, []).extend(
+                p for c in chunks for p in pool.chunk_pages(c)
+            )
+        for model in removing:
+            for run, owner in _weight_runs(self.weights[model]):
+                reclaimed.setdefault(owner, []).extend(p for p in run if arena.owner(p) == owner)
+        for owner, pages in reclaimed.items():
+            scratch.convert(pages, owner, FREE)
+        page = arena.page_bytes
+        free, usable = arena.num_free_pages * page, scratch.num_free_pages * page
+        kv_bytes = self._kv_bytes
+        for model in removing:
+            kv_bytes += self.weights[model].num_pages * page
+            kv_bytes -= self._lendable_bytes_of(model)
+        for spec, _ in adding:
+            need = weight_pages(spec, page) * page
+            try:
+                place_model(scratch, spec)
+            except ValueError as e:
+                raise NoRoom(
+                    f"model {spec.name!r} needs {need} bytes of arena pages for its weights; "
+                    f"the {arena.total_bytes}-byte arena has {free} bytes free and "
+                    f"{usable - free} more reclaimable ({e})"
+                ) from None
+            kv_bytes += self._lendable_bytes(spec) - need
+        floors = {m: f for m, f in self.bounds.floors.items() if m not in removing}
+        for spec, tokens in adding:
+            chunk = math.lcm(spec.block_bytes(self.block_tokens), page)
+            need = self.num_blocks(tokens) * spec.block_bytes(self.block_tokens)
+            room = max(0, kv_bytes - sum(floors.values())) // chunk * chunk
+            if need > room:
+                raise NoRoom(
+                    f"model {spec.name!r} needs {need} bytes of KV for {tokens} tokens; "
+                    f"with its weights placed the KV cache would have {room} bytes for it"
+                )
+        for r in requests:
+            pool = self._pools[r.model]
+            need = self.num_blocks(r.prompt_tokens + r.max_output_tokens) * pool.block_bytes
+            others = sum(f for m, f in floors.items() if m != r.model)
+            room = max(0, kv_bytes - others) // pool.chunk_bytes * pool.chunk_bytes
+            if need > room:
+                raise NoRoom(
+                    f"request {r.id!r} of model {r.model!r} needs {need} bytes of KV; the "
+                    f"KV cache would leave its model {room} bytes"
+                )
+
+    def add_model(self, spec: ModelSpec) -> WeightLayout:
+        """Place one more model's weights into free runs of the arena (giving every
+        chunk the pools hold without a used block back first, when the free runs do not
+        hold them) and give it a block pool and host swap blocks. Raises ValueError,
+        changing nothing but those chunks, when it does not fit (``check_room`` first)."""
+        if spec.name in self._pools:
+            raise ValueError(f"model {spec.name!r} is served already")
+        block_bytes = spec.block_bytes(self.block_tokens)
+        pool = BlockPool(self.arena, spec.name, block_bytes)  # checks the chunk fits
+        try:
+            layout = place_model(self.arena, spec)
+        except ValueError:
+            for other in self._pools.values():
+                other.release_empty()
+            layout = place_model(self.arena, spec)
+        self.weights[spec.name] = layout
+        self._pools[spec.name] = pool
+        self.host.register(spec.name, block_bytes)
+        self._block_bytes[spec.name] = block_bytes
+        self._one_block[spec.name] = 1
+        self._kv_bytes += self._lendable_bytes(spec) - layout.num_pages * self.arena.page_bytes
+        self.set_bounds(self.bounds)
+        return layout
+
+    def can_remove_model(self, model: str) -> bool:
+        """Whether no request holds blocks of the model and no copy or move of its
+        blocks is in flight (so ``remove_model`` may run)."""
+        if any(t.model == model for t in self._tables.values()):
+            return False
+        devices, hosts = self._inflight.deferred()
+        return not devices.get(model) and not hosts.get(model)
+
+    def remove_model(self, model: str) -> None:
+        """Give every page of a model (its weights and KV chunks) back to the free pages
+        and forget it. Its requests must be gone and their copies complete
+        (``can_remove_model``, else ValueError, changing nothing)."""
+        if not self.can_remove_model(model):
+            raise ValueError(f"model {model!r} still has blocks in use or in flight")
+        for m, frame in [k for k in self._vacating if k[0] == model]:
+            self.cancel_vacate(m, frame)
+        pool, layout = self._pools[model], self.weights[model]
+        lendable = self._lendable_bytes_of(model)
+        pool.release_empty()
+        if pool.held_chunks:
+            raise AssertionError(f"model {model!r}: chunks {pool.held_chunks} still used")
+        for run, owner in _weight_runs(layout):
+            self.arena.convert([p for p in run if self.arena.owner(p) == owner], owner, FREE)
+        self._kv_bytes += layout.num_pages * self.arena.page_bytes - lendable
+        self.host.unregister(model)
+        del self._pools[model], self.weights[model]
+        del self._block_bytes[model], self._one_block[model]
+        self._moved_into.pop(model, None)
+
     # -- internals -------------------------------------------------------------------------
+    def _lendable_bytes(self, spec: ModelSpec) -> int:
+        """Weight bytes of the model that remapping may lend to the KV cache."""
+        if not self._remap.enabled:
+            return 0
+        frame_bytes = pages_for(spec.layer_bytes, self.arena.page_bytes) * self.arena.page_bytes
+        return math.floor(self._remap.cap_fraction * spec.num_layers) * frame_bytes
+
+    def _lendable_bytes_of(self, model: str) -> int:
+        if not self._remap.enabled:
+            return 0
+        layers = len(self.weights[model].layers)
+        return math.floor(self._remap.cap_fraction * layers) * self.frame_bytes(model)
+
     def _claim_limit(self, pool: BlockPool) -> Callable[[], int]:
         def limit() -> int:
             room = self.bounds.room(pool.model, self.held_bytes(), self.free_page_bytes)
@@ -428,6 +566,12 @@ class KVMemory(Relocation):
             self._pools[model].free(ids)
         else:
             self._inflight.defer_device(fence, model, ids)
+
+
+def _weight_runs(layout: WeightLayout) -> list[tuple[range, PageOwner]]:
+    """Each run of a model's weight pages with the owner it was placed for."""
+    runs = [(run, PageOwner.weights(layout.model, i)) for i, run in enumerate(layout.layers)]
+    return [*runs, (layout.other, PageOwner.weights(layout.model, None))]
 
 
 def _batch(copies: dict[str, BlockCopies], model: str) -> BlockCopies:

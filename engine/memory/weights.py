@@ -64,3 +64,42 @@ def place_weights(arena: Arena, models: Sequence[ModelSpec]) -> dict[str, Weight
         )
         layouts[m.name] = WeightLayout(m.name, layers, other)
     return layouts
+
+
+def weight_pages(model: ModelSpec, page_bytes: int) -> int:
+    """Pages a model's weights take: each decoder layer in whole pages of its own, and
+    the embeddings, head and final norm in one run."""
+    return pages_for(model.layer_bytes, page_bytes) * model.num_layers + pages_for(
+        model.embedding_params * model.dtype_bytes, page_bytes
+    )
+
+
+def place_model(arena: Arena, model: ModelSpec) -> WeightLayout:
+    """Place one more model's weights into free runs of a running arena, highest first
+    (away from the KV slabs growing from page 0).
+
+    Each layer and the embeddings run take the highest free run that holds them. Raises
+    ValueError, changing nothing, when a run does not fit.
+    """
+    taken: list[tuple[range, PageOwner]] = []
+
+    def take(num_bytes: int, owner: PageOwner) -> range:
+        num_pages = pages_for(num_bytes, arena.page_bytes)
+        start = arena.find_free_run(num_pages, from_top=True)
+        if start is None:
+            for run, o in reversed(taken):
+                arena.convert(run, o, FREE)
+            raise ValueError(
+                f"model {model.name!r}: no run of {num_pages} free pages of "
+                f"{arena.page_bytes} bytes for {owner}"
+            )
+        run = range(start, start + num_pages)
+        arena.convert(run, FREE, owner)
+        taken.append((run, owner))
+        return run
+
+    other = take(model.embedding_params * model.dtype_bytes, PageOwner.weights(model.name, None))
+    layers = tuple(
+        take(model.layer_bytes, PageOwner.weights(model.name, i)) for i in range(model.num_layers)
+    )
+    return WeightLayout(model.name, layers, other)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
-from shunter.engine.config import EngineConfig
+from shunter.engine.config import EngineConfig, ModelSpec
 from shunter.engine.memory.manager import KVMemory
 from shunter.engine.plan import SlotStream, StepPlan, StepResult
 from shunter.engine.remap.controller import ModelState, Pressure, RemapController
@@ -56,6 +56,20 @@ class Remapper:
         if set(priority) != set(self.priority):
             raise ValueError(f"priorities of {sorted(self.priority)} wanted")
         self.priority = dict(priority)
+
+    def add_model(self, model: ModelSpec, timing: LayerTiming, priority: int) -> None:
+        """Remap one more model from the next step on, all its layers resident."""
+        self.times.add(model.name, timing)
+        self.num_layers[model.name] = model.num_layers
+        self.priority[model.name] = priority
+        self.maps[model.name] = WeightMap.initial(model.num_layers)
+
+    def remove_model(self, model: str) -> None:
+        """Forget a model (its frames are the memory's to give back)."""
+        self.times.forget(model)
+        del self.num_layers[model], self.priority[model], self.maps[model]
+        self._pending.pop(model, None)
+        self._vacating = {(m, f) for m, f in self._vacating if m != model}
 
     @property
     def is_vacating(self) -> bool:

@@ -44,6 +44,13 @@ class ComputeTimes:
     def __getitem__(self, model: str) -> LayerTiming:
         return self._t[model]
 
+    def add(self, model: str, prior: LayerTiming) -> None:
+        """Start measuring one more model at ``prior``."""
+        self._t[model] = prior
+
+    def forget(self, model: str) -> None:
+        del self._t[model]
+
     def observe(self, model: str, seconds: float, *, prefill: bool) -> None:
         if seconds <= 0:
             return

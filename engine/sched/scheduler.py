@@ -13,15 +13,17 @@ import heapq
 from collections.abc import Callable, Sequence
 from operator import attrgetter
 
-from shunter.engine.config import EngineConfig, TenantSpec
+from shunter.engine.config import EngineConfig, ModelSpec, TenantSpec
 from shunter.engine.memory.bounds import KvBounds
 from shunter.engine.memory.manager import KVMemory
 from shunter.engine.plan import BatchEntry, StepPlan, StepResult
 from shunter.engine.remap.remapper import Remapper
+from shunter.engine.remap.timing import LayerTiming
 from shunter.engine.request import Request, RequestState, vlts
 from shunter.engine.sched.kv_bytes import KvBytes
 from shunter.engine.sched.policy import Policy, PolicyInput
 from shunter.engine.sched.queues import RequestQueues
+from shunter.engine.sched.step_budget import StepBudget
 from shunter.engine.sched.tenancy import Tenancy
 
 RUNNING, ROTARY, WAITING = RequestState.RUNNING, RequestState.ROTARY, RequestState.WAITING
@@ -54,7 +56,9 @@ class Scheduler:
          transfer budget is 0, so it admits by VLT within the free KV and preempts
          nobody (passive preemption still frees blocks a decode lacks).
       5. Batch: decodes, then prefill chunks of running requests, within
-         ``max_batch_tokens``.
+         ``max_batch_tokens``; with a ``StepBudget`` (``step_target_s``) prefill
+         tokens also within ``step_tokens`` less the decodes (at least the budget's
+         least, so prompts progress under many decodes).
       6. Admissions in the decision's order: waiting requests get blocks and a first
          prefill chunk; rotary requests are swapped in (their H2D overlaps this step's
          forward pass). A request that does not fit stops its own model's admissions
@@ -95,6 +99,12 @@ class Scheduler:
         self.num_passive_preemptions = 0
         self._released: list[str] = []
         self._joining: list[Request] = []
+        target = config.scheduler.step_target_s
+        self.step_budget = (
+            None
+            if target is None
+            else StepBudget(target, max_tokens=config.scheduler.max_batch_tokens)
+        )
 
     # -- requests --------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -154,6 +164,42 @@ class Scheduler:
         if self.remapper is not None:
             self.remapper.set_priorities({t.model: t.priority for t in specs})
 
+    def add_model(self, spec: ModelSpec, tenant: TenantSpec, timing: LayerTiming | None) -> None:
+        """Serve one more model from the next step on: its weights placed in the arena
+        (``KVMemory.add_model``; ``check_room`` first), empty queues, its tenancy, and
+        with a remapper its ``timing``. ValueError when it does not fit."""
+        if spec.name in self.queues:
+            raise ValueError(f"model {spec.name!r} is served already")
+        if self.remapper is not None and timing is None:
+            raise ValueError(f"remapping needs the timing of {spec.name!r}")
+        self.memory.add_model(spec)
+        self.queues[spec.name] = RequestQueues()
+        self.kv.block_bytes[spec.name] = self.memory.block_bytes(spec.name)
+        self.tenancy.add_tenant(tenant)
+        self.memory.set_bounds(KvBounds(self.tenancy.tenants.values()))
+        if self.remapper is not None and timing is not None:
+            self.remapper.add_model(spec, timing, tenant.priority)
+
+    def remove_model(self, model: str) -> None:
+        """Stop serving a model: every page it holds goes back to the free pages.
+        ValueError, changing nothing, while it has live requests or copies in flight
+        (``KVMemory.can_remove_model``)."""
+        if self.queues[model]:
+            raise ValueError(f"model {model!r} still has live requests")
+        self.memory.remove_model(model)
+        del self.queues[model], self.kv.block_bytes[model]
+        self.tenancy.remove_tenant(model)
+        self.memory.set_bounds(KvBounds(self.tenancy.tenants.values()))
+        if self.remapper is not None:
+            self.remapper.remove_model(model)
+
+    @property
+    def step_tokens(self) -> int:
+        """The token budget of the next step: the ``StepBudget``'s, else the fixed one."""
+        if self.step_budget is None:
+            return self.config.max_batch_tokens
+        return self.step_budget.tokens
+
     @property
     def num_running(self) -> int:
         return sum(len(q.running) for q in self.queues.values())
@@ -211,6 +257,10 @@ class Scheduler:
                     _entry(BatchEntry, (r.id, r.model, 1, r.num_computed_tokens, False, True))
                 )
                 tokens -= 1
+        if self.step_budget is not None:
+            budget = self.step_budget
+            num_decodes = self.config.max_batch_tokens - tokens
+            tokens = min(tokens, max(budget.min_tokens, budget.tokens - num_decodes))
         for r in prefills:
             if tokens <= 0:
                 break
@@ -268,6 +318,8 @@ class Scheduler:
 
     def update(self, plan: StepPlan, result: StepResult, now: float) -> list[Request]:
         """Apply the executor's result at time ``now``; return the requests that finished."""
+        if self.step_budget is not None:
+            self.step_budget.observe(plan.num_batch_tokens, result.duration_s)
         finished = []
         for entry in plan.batch:
             r = self.requests[entry.request_id]

@@ -56,6 +56,20 @@ class Tenancy:
         if self.holder is not None and self.holder not in self.temporal:
             self.holder = None
 
+    def add_tenant(self, tenant: TenantSpec) -> None:
+        """One more model, idle so far (it never executed)."""
+        if tenant.model in self.tenants:
+            raise ValueError(f"model {tenant.model!r} is a tenant already")
+        self._set([*self.tenants.values(), tenant])
+        self.t_last_active[tenant.model] = -float("inf")
+
+    def remove_tenant(self, model: str) -> None:
+        """Forget a model; when it held the turn, the next ``executing`` hands it on."""
+        self._set([t for m, t in self.tenants.items() if m != model])
+        del self.t_last_active[model]
+        if self.holder == model:
+            self.holder = None
+
     def _set(self, tenants: Sequence[TenantSpec]) -> None:
         self.tenants = {t.model: t for t in tenants}
         self.temporal = [t.model for t in tenants if t.sharing == "temporal"]

@@ -7,12 +7,24 @@ The body is the models part of the engine's settings (as in ``deploy/engine.toml
 
 Models whose name and directory stay are kept. When only their sharing mode, priority,
 SLO class, KV bounds or ``max_context`` change, the running scheduler takes them between
-two steps and nothing stops (live requests keep the SLO class they arrived with). When
-a model is added, removed or its directory changes, the engine is rebuilt with the
-desired set: admission stops, requests of removed or reloaded models end at once with an
-error chunk, the others get the grace period to finish (the rest end with an error
-chunk), then the new engine starts. A desired set that cannot be served (a missing
-directory, a config that does not fit) is refused with 400 before anything stops.
+two steps and nothing stops (live requests keep the SLO class they arrived with).
+
+Adding, removing or reloading (a new directory) a model touches that model alone: every
+other model's requests go on as they are. The added models' weights are read from disk
+on a worker thread while the engine keeps stepping; then, between two steps, the removed
+models' pages (weights and KV) go back to the free pages and the added models' weights
+are placed into free runs of the arena, after the chunks other models hold without a
+used block were given back (``EngineCore.change_models``). The arena does not grow: when
+the added models' weights or a full context of each (``max_context``) would not fit
+even so, or a live request of another model would no longer fit, the change is refused
+with 409, with the bytes needed, free and reclaimable, before anything changes. Requests
+of removed or reloaded models end at once with an error chunk. The response's
+``rebuilt`` is false for these changes.
+
+The engine is rebuilt with the desired set only where there is no engine to change (a
+rebuild that failed to load): then every desired model is loaded anew. A desired set
+that cannot be served (a missing directory, a config that does not fit) is refused with
+400 before anything changes.
 """
 
 from __future__ import annotations
@@ -29,12 +41,14 @@ import torch
 from aiohttp import web
 
 from shunter.engine.exec.generate_input import GenerateError
+from shunter.engine.exec.serving import model_specs
+from shunter.engine.memory.manager import NoRoom
 from shunter.engine.server.context import STATE, ServerState
 from shunter.engine.server.errors import ApiError, bad_request
 from shunter.engine.server.loop import EngineLoop
-from shunter.engine.server.models import ServedModel
+from shunter.engine.server.models import ServedModel, load_served_model
 from shunter.engine.server.openai_api import read_json
-from shunter.engine.server.serve import engine_config, tenant_specs
+from shunter.engine.server.serve import context_tokens, engine_config, tenant_specs
 from shunter.engine.server.settings import (
     EngineSettings,
     SettingsError,
@@ -79,13 +93,17 @@ async def reconcile(state: ServerState, desired: EngineSettings) -> dict[str, An
         "removed": removed,
         "reloaded": reloaded,
         "reconfigured": reconfigured,
-        "rebuilt": bool(added or removed or reloaded),
+        "rebuilt": state.loop is None,
     }
-    if not result["rebuilt"]:
+    if state.loop is not None:
+        if added or removed or reloaded:
+            await _change_models(state, desired, sorted({*removed, *reloaded}), added + reloaded)
         await _retenant(state, desired)
         for name in reconfigured:
             state.models[name].arg = want[name]
         state.settings = desired
+        for name in removed:
+            state.metrics.forget(name)
         return result
     state.reconciling = True
     try:
@@ -95,6 +113,68 @@ async def reconcile(state: ServerState, desired: EngineSettings) -> dict[str, An
     for name in removed:
         state.metrics.forget(name)
     return result
+
+
+async def _change_models(
+    state: ServerState, desired: EngineSettings, removing: list[str], adding: list[str]
+) -> None:
+    """Stop serving ``removing`` and serve ``adding`` (as ``desired`` has them) in the
+    running engine; see the module docstring. 409 when they do not fit, 500 when an
+    added model fails to load: nothing changed then."""
+    loop = state.engine_loop()
+    engine, core = loop.engine, loop.engine.core
+    want = {m.name: m for m in desired.models}
+    tenants = {t.model: t for t in tenant_specs(desired)}
+    specs = dict(zip(adding, model_specs({n: want[n].path for n in adding}), strict=True))
+    needs = [(specs[n], context_tokens(want[n], specs[n])) for n in adding]
+
+    def check_room() -> None:
+        others = [r for r in core.scheduler.requests.values() if r.model not in removing]
+        core.memory.check_room(needs, removing, others)
+
+    try:
+        await loop.call(check_room)
+    except NoRoom as e:
+        raise _no_room(e) from None
+    try:
+        prepared = [await asyncio.to_thread(engine.prepare_model, n, want[n].path) for n in adding]
+        served = {
+            n: await asyncio.to_thread(load_served_model, want[n], specs[n]) for n in adding
+        }
+    except Exception as e:
+        log.exception("loading the added models failed; the served set stays as it is")
+        raise ApiError(
+            500,
+            f"Loading the desired deployments failed ({e}); the previous set is served again.",
+            type="server_error",
+        ) from None
+    # Out of the model table first: no new request reaches a model on its way out.
+    kept = dict(state.models)
+    state.models = {n: m for n, m in kept.items() if n not in removing}
+    ending = set(removing)
+
+    def end_requests() -> bool:
+        """Abort the leaving models' requests; whether their copies all completed."""
+        loop.abort_models(ending, "the model was removed or reloaded")
+        return all(core.memory.can_remove_model(m) for m in ending)
+
+    while not await loop.call(end_requests):
+        await asyncio.sleep(0.01)  # the engine steps until their copies complete
+    change = [(p, tenants[p.name], tokens) for p, (_, tokens) in zip(prepared, needs, strict=True)]
+    try:
+        await loop.call(functools.partial(engine.change_models, removing, change))
+    except NoRoom as e:
+        state.models = kept
+        raise _no_room(e) from None
+    state.models = {**state.models, **served}
+
+
+def _no_room(e: NoRoom) -> ApiError:
+    return ApiError(
+        409,
+        f"The desired deployments do not fit the engine's memory: {e}.",
+        code="insufficient_memory",
+    )
 
 
 async def _retenant(state: ServerState, desired: EngineSettings) -> None:

@@ -6,29 +6,40 @@ import dataclasses
 
 import torch
 
-from shunter.engine.config import EngineConfig, SchedulerConfig, TenantSpec
+from shunter.engine.config import EngineConfig, ModelSpec, SchedulerConfig, TenantSpec
 from shunter.engine.exec.serving import TorchEngine, model_specs
 from shunter.engine.exec.sizing import KVNeed, default_host_swap_bytes, serving_config
 from shunter.engine.server.context import ServerState
 from shunter.engine.server.loop import EngineLoop
 from shunter.engine.server.metrics import ServerMetrics
-from shunter.engine.server.models import ServedModel, load_served_model
+from shunter.engine.server.models import ModelArg, ServedModel, load_served_model
 from shunter.engine.server.settings import EngineSettings
+
+# A decode waits behind at most one step, and its token gap also holds the rest of the
+# engine's round (scheduling, sampling, delivery): half the tightest TBT target for the
+# step leaves the other half for those and for a swap-in's wait.
+STEP_TARGET_TBT_FRACTION = 0.5
+# Without SLO classes: 100 ms, about where a stream's pauses start to show to a reader,
+# while a chunk still amortizes the step's fixed cost over many tokens.
+DEFAULT_STEP_TARGET_S = 0.1
 
 
 def engine_config(settings: EngineSettings, *, check_integrity: bool = False) -> EngineConfig:
     """Without ``hbm_budget``: room for ``kv_tokens`` tokens of each model (in whole
     contexts). With it: an arena of that many bytes, which must hold one full context of
-    each model. Host swap space is ``host_budget`` bytes, by default what ``kv_tokens``
-    tokens of each model take, within half the host's memory over all models (so with
-    ``hbm_budget`` alone ``kv_tokens`` sizes the host swap space only). GenerateError
+    each model. A full context is the model's configured ``max_context`` where that is
+    smaller than its own (``context_tokens``). Host swap space is ``host_budget`` bytes,
+    by default what ``kv_tokens`` tokens of each model take, within half the host's
+    memory over all models (so with ``hbm_budget`` alone ``kv_tokens`` sizes the host
+    swap space only). GenerateError
     says what does not fit."""
     specs = model_specs({m.name: m.path for m in settings.models})
     full, one = [], []
-    for spec in specs:
-        contexts = max(1, -(-settings.kv_tokens // spec.max_context))
-        where = f"of {spec.max_context} tokens (a full context of {spec.name})"
-        need = KVNeed(where, spec.name, spec.max_context)
+    for m, spec in zip(settings.models, specs, strict=True):
+        tokens = context_tokens(m, spec)
+        contexts = max(1, -(-settings.kv_tokens // tokens))
+        where = f"of {tokens} tokens (a full context of {spec.name})"
+        need = KVNeed(where, spec.name, tokens)
         full += [need] * contexts
         one.append(need)
     config = serving_config(
@@ -45,10 +56,27 @@ def engine_config(settings: EngineSettings, *, check_integrity: bool = False) ->
     )
     return dataclasses.replace(
         config,
-        scheduler=SchedulerConfig(policy=settings.policy),
+        scheduler=SchedulerConfig(policy=settings.policy, step_target_s=step_target_s(settings)),
         tenants=tenant_specs(settings),
         remap=dataclasses.replace(config.remap, capacity_order=settings.capacity_order),
     )
+
+
+def step_target_s(settings: EngineSettings) -> float:
+    """The time a step should take: ``settings.step_target_s`` when set, else a fraction
+    of the tightest TBT target among the models' SLO classes, else a default."""
+    if settings.step_target_s is not None:
+        return settings.step_target_s
+    tbts = [m.slo.tbt_s for m in settings.models if m.slo is not None]
+    return STEP_TARGET_TBT_FRACTION * min(tbts) if tbts else DEFAULT_STEP_TARGET_S
+
+
+def context_tokens(model: ModelArg, spec: ModelSpec) -> int:
+    """A full context of the model: its configured ``max_context`` where that is set
+    and smaller than the model's own."""
+    if model.max_context is None:
+        return spec.max_context
+    return min(model.max_context, spec.max_context)
 
 
 def tenant_specs(settings: EngineSettings) -> tuple[TenantSpec, ...]:

@@ -8,7 +8,7 @@ import pytest
 
 from shunter.engine.config import ModelSpec, RotationConfig
 from shunter.engine.memory.arena import FREE, OwnerKind
-from shunter.engine.memory.manager import KVMemory
+from shunter.engine.memory.manager import KVMemory, NoRoom
 from shunter.engine.plan import StepPlan
 from shunter.engine.request import Request, RequestState
 from tests.engine.fakes import TINY, request, tiny_config
@@ -322,3 +322,49 @@ def test_blocks_an_h2d_copy_still_writes_are_not_freed_by_a_preemption() -> None
     h.memory.complete([h.step - 1])
     assert h.memory.num_free_blocks("tiny") == 4
     h.next_step()
+
+
+OTHER = dataclasses.replace(TINY, name="other")
+
+
+def test_a_model_is_added_into_free_pages_and_removed_leaving_the_others_as_they_are() -> None:
+    h = Harness(kv_blocks=120)
+    m = h.memory
+    a = h.running("a", prompt=8, computed=8)
+    blocks, total = list(m.block_ids("a")), m.num_total_blocks("tiny")
+    m.check_room([(OTHER, 16)], (), h.requests)
+    layout = m.add_model(OTHER)
+    h.check()
+    weight_pages = layout.num_pages
+    assert m.arena.counts()[FREE] == 120 - 2 - weight_pages
+    assert all(m.arena.owner(p).model == "other" for r in layout.layers for p in r)
+    assert m.block_ids("a") == blocks and a.state is RequestState.RUNNING
+    assert m.num_total_blocks("tiny") == total - weight_pages
+    b = h.running("b", prompt=8, computed=8, model="other")
+    h.check()
+    with pytest.raises(ValueError, match="in use or in flight"):
+        m.remove_model("other")
+    m.free(b)
+    b.state = RequestState.FINISHED
+    m.remove_model("other")
+    h.check()
+    assert m.arena.counts()[FREE] == 118 and m.num_total_blocks("tiny") == total
+    assert not any(m.arena.owner(p).model == "other" for p in range(m.arena.num_pages))
+    assert m.block_ids("a") == blocks
+
+
+def test_a_model_that_does_not_fit_is_refused_with_the_numbers() -> None:
+    h = Harness(kv_blocks=8)
+    m = h.memory
+    h.running("a", prompt=8, computed=8)
+    before = m.arena.counts()
+    with pytest.raises(NoRoom, match=r"needs \d+ bytes of arena pages .* \d+ bytes free"):
+        m.check_room([(OTHER, 16)], (), h.requests)
+    assert m.arena.counts() == before
+    # Room for the weights, not for a live request of the model that stays.
+    h = Harness(kv_blocks=120)
+    h.running("a", prompt=48, computed=8)  # 12 blocks held, 14 at full length
+    with pytest.raises(NoRoom, match="request 'a' of model 'tiny' needs"):
+        h.memory.check_room([(OTHER, 16)], (), h.requests)
+    # With the model that leaves, its pages are reclaimable.
+    h.memory.check_room([(OTHER, 16)], ["tiny"], [])

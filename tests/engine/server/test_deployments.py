@@ -1,11 +1,10 @@
-"""PUT /admin/deployments: reconfigure in place, or rebuild with the desired set."""
+"""PUT /admin/deployments: reconfigure in place, add and remove models in the running engine."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import shutil
-import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,15 +36,15 @@ def _put(srv: ServerThread, body: Any) -> Any:
 
 
 def _long_stream(
-    srv: ServerThread, *, max_tokens: int
+    srv: ServerThread, *, max_tokens: int, model: str = "llama"
 ) -> tuple[asyncio.AbstractEventLoop, asyncio.Task[bytes]]:
-    """A streamed completion of ``max_tokens`` tokens (EOS ignored) from 'llama', on an
+    """A streamed completion of ``max_tokens`` tokens (EOS ignored) from ``model``, on an
     event loop of its own, run until its first chunk has arrived: the loop and the task
     that reads the rest of the stream."""
     started = asyncio.Event()
 
     async def read() -> bytes:
-        body = {"model": "llama", "prompt": "hi", "max_tokens": max_tokens, "stream": True}
+        body = {"model": model, "prompt": "hi", "max_tokens": max_tokens, "stream": True}
         body["ignore_eos"] = True
         async with (
             aiohttp.ClientSession() as session,
@@ -201,27 +200,6 @@ def _broken_copy(source: Path, dest: Path) -> Path:
     return dest
 
 
-def test_a_rebuild_frees_the_old_engine_before_building_the_new(
-    srv: ServerThread, model_dirs: dict[str, Path]
-) -> None:
-    old_engine = weakref.ref(srv.state.engine_loop().engine)
-    build = srv.state.build
-    freed_first: list[bool] = []
-
-    def build_after_checking(settings: EngineSettings) -> Any:
-        freed_first.append(old_engine() is None)
-        return build(settings)
-
-    srv.state.build = build_after_checking
-    # A stream in flight while the engine is replaced must not keep the old one alive.
-    loop, task = _long_stream(srv, max_tokens=1500)
-    r = _put(srv, {"models": [{"name": "qwen", "path": str(model_dirs["tiny-qwen2"])}]})
-    assert r.status_code == 200, r.text
-    assert freed_first == [True]
-    loop.run_until_complete(task)
-    loop.close()
-
-
 def test_a_desired_set_that_fails_to_load_serves_the_previous_set_again(
     srv: ServerThread, model_dirs: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -233,7 +211,7 @@ def test_a_desired_set_that_fails_to_load_serves_the_previous_set_again(
     assert request("GET", srv.url + "/admin/state").json()["error"] is None
 
 
-def test_when_both_loads_fail_the_server_answers_503_until_a_set_loads(
+def test_a_kept_model_serves_on_when_an_added_one_fails_to_load(
     model_dirs: dict[str, Path], tmp_path: Path
 ) -> None:
     llama_dir = tmp_path / "llama"
@@ -241,25 +219,92 @@ def test_when_both_loads_fail_the_server_answers_503_until_a_set_loads(
     settings = EngineSettings(models=(ModelArg("llama", llama_dir),), grace_s=0.2)
     server = ServerThread(build_state(settings, torch.device("cpu"), check_integrity=True))
     try:
-        weights = (llama_dir / "model.safetensors").read_bytes()
-        # The served model's directory breaks under it: reloading it fails too.
+        # The served model's directory breaks under it: it is kept, not read again.
         (llama_dir / "model.safetensors").write_bytes(b"not safetensors")
         broken = _broken_copy(model_dirs["tiny-qwen2"], tmp_path / "qwen")
         llama = {"name": "llama", "path": str(llama_dir)}
         r = _put(server, {"models": [llama, {"name": "qwen", "path": str(broken)}]})
-        assert r.status_code == 500 and "serves no models" in r.json()["error"]["message"]
-        for method, path in (("POST", "/v1/completions"), ("GET", "/v1/models")):
-            body = json.dumps({"model": "llama", "prompt": "hi"}).encode()
-            r = request(method, server.url + path, body=body if method == "POST" else None)
-            assert r.status_code == 503, (path, r.text)
-            assert "serves no models" in r.json()["error"]["message"]
-        state = request("GET", server.url + "/admin/state").json()
-        assert state["models"] == {} and "previous ones again" in state["error"]
-        # A desired set that loads brings the server back.
-        (llama_dir / "model.safetensors").write_bytes(weights)
-        r = _put(server, {"models": [llama]})
-        assert r.status_code == 200 and r.json()["added"] == ["llama"], r.text
-        assert _complete(server, "llama") == 200
+        assert r.status_code == 500 and "served again" in r.json()["error"]["message"]
+        assert _models(server) == ["llama"] and _complete(server, "llama") == 200
         assert request("GET", server.url + "/admin/state").json()["error"] is None
+    finally:
+        server.close()
+
+
+def _finish_reasons(streamed: bytes) -> list[str]:
+    chunks = [line[6:] for line in streamed.splitlines() if line.startswith(b"data: {")]
+    return [c["finish_reason"] for chunk in chunks for c in json.loads(chunk)["choices"]]
+
+
+def _live(srv: ServerThread, model: str) -> int:
+    """Live requests of ``model``, after the engine's integrity check passed."""
+    srv.engine_state()
+    queues = srv.state.engine_loop().engine.core.scheduler.queues
+    return len(queues[model]) if model in queues else 0
+
+
+def test_adding_and_removing_a_model_leaves_the_others_requests_alone(
+    srv: ServerThread, model_dirs: dict[str, Path]
+) -> None:
+    engine_loop = srv.state.loop
+    llama = {"name": "llama", "path": str(model_dirs["tiny-llama"]), "sharing": "temporal"}
+    qwen = {"name": "qwen", "path": str(model_dirs["tiny-qwen2"])}
+    loop, task = _long_stream(srv, max_tokens=1500)
+    r = _put(srv, {"models": [llama, qwen]})
+    assert r.status_code == 200, r.text
+    assert r.json() == {
+        "added": ["qwen"],
+        "removed": [],
+        "reloaded": [],
+        "reconfigured": [],
+        "rebuilt": False,
+    }
+    assert srv.state.loop is engine_loop and _models(srv) == ["llama", "qwen"]
+    assert _live(srv, "llama") == 1  # the llama stream went on through the change
+    assert _complete(srv, "qwen") == 200
+    qwen_loop, qwen_task = _long_stream(srv, max_tokens=1500, model="qwen")
+    r = _put(srv, {"models": [llama]})
+    assert r.status_code == 200, r.text
+    assert r.json()["removed"] == ["qwen"] and not r.json()["rebuilt"]
+    assert _live(srv, "llama") == 1
+    removed = qwen_loop.run_until_complete(qwen_task)
+    qwen_loop.close()
+    assert b"was removed" in removed and removed.rstrip().endswith(b"data: [DONE]")
+    streamed = loop.run_until_complete(task)
+    loop.close()
+    # The llama stream never saw the changes: it ran to its length.
+    assert b"error" not in streamed and _finish_reasons(streamed)[-1] == "length"
+    assert srv.state.loop is engine_loop and _models(srv) == ["llama"]
+    assert _complete(srv, "qwen") == 404 and _complete(srv, "llama") == 200
+    assert_no_leaks(srv.wait_idle())
+
+
+def test_a_model_that_does_not_fit_is_refused_with_409_and_nothing_changes(
+    model_dirs: dict[str, Path],
+) -> None:
+    # An arena of llama's weights and one context of it: not room for one of qwen's.
+    settings = EngineSettings(
+        models=(ModelArg("llama", model_dirs["tiny-llama"]),), kv_tokens=16, grace_s=0.2
+    )
+    server = ServerThread(build_state(settings, torch.device("cpu"), check_integrity=True))
+    try:
+        engine_loop = server.state.loop
+        pages = server.engine_state()["arena"]
+        llama = {"name": "llama", "path": str(model_dirs["tiny-llama"])}
+        qwen = {"name": "qwen", "path": str(model_dirs["tiny-qwen2"])}
+        r = _put(server, {"models": [llama, qwen]})
+        assert r.status_code == 409, r.text
+        error = r.json()["error"]
+        assert error["type"] == "invalid_request_error"
+        assert "'qwen' needs" in error["message"] and "bytes" in error["message"]
+        assert server.state.loop is engine_loop and _models(server) == ["llama"]
+        assert server.state.settings is settings
+        assert server.engine_state()["arena"] == pages
+        assert _complete(server, "llama") == 200
+        # A shorter max_context makes room: one context of qwen is what it must fit.
+        r = _put(server, {"models": [llama, {**qwen, "max_context": 64}]})
+        assert r.status_code == 200 and r.json()["added"] == ["qwen"], r.text
+        assert server.state.loop is engine_loop and _complete(server, "qwen") == 200
+        assert_no_leaks(server.wait_idle())
     finally:
         server.close()

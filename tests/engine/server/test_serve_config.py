@@ -47,3 +47,19 @@ def test_host_budget_sizes_the_host_swap_space(model_dirs: dict[str, Path]) -> N
 def test_host_budget_from_the_config() -> None:
     data = {"host_budget": "2G", "models": [{"name": "a", "path": "/a"}]}
     assert settings_from_dict(data, "test").host_budget == 2 << 30
+
+
+def test_max_context_sizes_the_arena(model_dirs: dict[str, Path]) -> None:
+    # Fewer kv_tokens than a context: the arena holds one whole context of each model.
+    settings = dataclasses.replace(_settings(model_dirs), kv_tokens=16)
+    short = dataclasses.replace(
+        settings, models=tuple(dataclasses.replace(m, max_context=64) for m in settings.models)
+    )
+    full, limited = engine_config(settings), engine_config(short)
+    assert limited.device_bytes < full.device_bytes
+    # A max_context above the model's own context changes nothing.
+    long = dataclasses.replace(
+        settings,
+        models=tuple(dataclasses.replace(m, max_context=1 << 30) for m in settings.models),
+    )
+    assert engine_config(long).device_bytes == full.device_bytes
