@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from django.contrib import messages
-from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth import views as auth_views
 from django.core.exceptions import ValidationError
@@ -23,6 +22,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from shunter.console import display, figures, selectors
 from shunter.console.forms import ApiKeyCreateForm, DeploymentEditForm, add_service_errors
+from shunter.platform.login_throttle import ThrottledLoginView
 from shunter.platform.models import Deployment, SloClass
 from shunter.platform.services import deployment_update, node_fit
 from shunter.tenants.models import ApiKey, Tenant
@@ -33,9 +33,8 @@ YEAR_S = 365 * 24 * 3600
 
 staff_required: Callable[[Any], Any] = staff_member_required(login_url=LOGIN_URL)
 
-login = auth_views.LoginView.as_view(
+login = ThrottledLoginView.as_view(
     template_name="console/login.html",
-    authentication_form=AdminAuthenticationForm,
     next_page=reverse_lazy("console:overview"),
 )
 logout = auth_views.LogoutView.as_view(next_page=LOGIN_URL)

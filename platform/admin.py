@@ -12,7 +12,19 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from shunter.platform import benchmarks, services
-from shunter.platform.models import BenchmarkJob, BenchmarkRun, Deployment, Model, Node, SloClass
+from shunter.platform.login_throttle import ThrottledAuthenticationForm
+from shunter.platform.models import (
+    BenchmarkJob,
+    BenchmarkRun,
+    Deployment,
+    Model,
+    Node,
+    SloClass,
+    engine_token_validator,
+)
+
+# The admin's login counts failures with the console's (one throttle for both).
+admin.site.login_form = ThrottledAuthenticationForm
 
 
 class ServiceAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
@@ -85,6 +97,7 @@ class NodeForm(forms.ModelForm):  # type: ignore[type-arg]
     engine_token = forms.CharField(
         required=False,
         widget=forms.PasswordInput(render_value=False),
+        validators=[engine_token_validator],
         help_text="Stored encrypted and never shown. Leave empty to keep the stored token.",
     )
     clear_engine_token = forms.BooleanField(required=False, help_text="Remove the stored token.")

@@ -58,11 +58,16 @@ def serve(host: str, port: int, *, log_level: str = "info") -> None:
     """Serve the ASGI application (HTTP and websockets) until interrupted."""
     import uvicorn
 
+    from shunter.platform.access_log import uvicorn_log_config
+    from shunter.platform.gateway.server import GatewayHttpProtocol
+
     uvicorn.run(
         "shunter.platform.asgi:application",
         host=host,
         port=port,
+        http=GatewayHttpProtocol,  # bounded request heads, refusals in OpenAI's format
         log_level=log_level,
+        log_config=uvicorn_log_config(),  # query values redacted: they may hold keys
         proxy_headers=True,
         forwarded_allow_ips=os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1"),
         lifespan="on",  # the gateway closes its connections at shutdown

@@ -560,6 +560,8 @@ def serve(host: str, port: int, *, on_exit: Callable[[], None]) -> None:
     normally on either signal (exit status 0)."""
     import uvicorn
 
+    from shunter.platform.gateway.server import GatewayHttpProtocol
+
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             if not self.should_exit:
@@ -570,6 +572,7 @@ def serve(host: str, port: int, *, on_exit: Callable[[], None]) -> None:
         "shunter.platform.asgi:application",
         host=host,
         port=port,
+        http=GatewayHttpProtocol,  # as ``shunter web``
         proxy_headers=True,
         forwarded_allow_ips=os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1"),
         lifespan="on",  # the gateway closes its connections at shutdown

@@ -106,6 +106,14 @@ class SloClass(models.Model):
         }
 
 
+# An engine token travels in an HTTP header (``Authorization: Bearer TOKEN``), which
+# holds Latin-1 at most and, for a bearer token, no spaces: visible ASCII only.
+engine_token_validator = RegexValidator(
+    r"^[!-~]*\Z",
+    "Use printable ASCII characters without spaces: the token is sent in an HTTP header.",
+    code="invalid_engine_token",
+)
+
 ENGINE_TOKEN_PURPOSE = b"shunter.platform.Node.engine_token:"
 BENCHMARK_KEY_PURPOSE = b"shunter.platform.BenchmarkJob.api_key:"
 
@@ -167,7 +175,12 @@ class Node(models.Model):
         return self.name
 
     def set_engine_token(self, token: str) -> None:
-        """Store ``token`` encrypted (empty: the engine runs without a token)."""
+        """Store ``token`` encrypted (empty: the engine runs without a token). A token
+        that cannot go in an HTTP header is a ValidationError on ``engine_token``."""
+        try:
+            engine_token_validator(token)
+        except ValidationError as e:
+            raise ValidationError({"engine_token": e.error_list}) from None
         self.engine_token_encrypted = encrypt_secret(ENGINE_TOKEN_PURPOSE, token)
 
     def engine_token(self) -> str:

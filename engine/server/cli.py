@@ -10,6 +10,10 @@ from typing import Any
 
 from shunter.engine.exec.cli import add_bench_arguments, byte_count, print_report  # argparse only
 
+TOKEN_ENV = "SHUNTER_ENGINE_TOKEN"
+# What anyone who reaches the port may use when the engine runs without a token.
+OPEN_ROUTES = "/v1/* (completions), /admin/* (state, drain, deployments) and /metrics"
+
 
 def add_engine_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
@@ -17,8 +21,9 @@ def add_engine_parser(sub: argparse._SubParsersAction[Any]) -> None:
         help="serve models over an OpenAI-compatible HTTP API",
         description="Run one engine process serving every given model from one device: "
         "/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics, "
-        "/admin/state and /admin/drain. With a token (--token or SHUNTER_ENGINE_TOKEN) "
-        "every route but /health needs 'Authorization: Bearer TOKEN'.",
+        "/admin/state and /admin/drain. With a token ($SHUNTER_ENGINE_TOKEN, --token-file "
+        "or --token) every route but /health needs 'Authorization: Bearer TOKEN'; without "
+        "one every route is open.",
     )
     p.add_argument(
         "--model",
@@ -31,7 +36,18 @@ def add_engine_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     p.add_argument("--port", type=int, default=8100, help="port (default 8100)")
-    p.add_argument("--token", help="bearer token (default: $SHUNTER_ENGINE_TOKEN)")
+    secret = p.add_mutually_exclusive_group()
+    secret.add_argument(
+        "--token-file",
+        type=Path,
+        metavar="PATH",
+        help=f"read the bearer token from this file (default: ${TOKEN_ENV})",
+    )
+    secret.add_argument(
+        "--token",
+        help="bearer token; visible to every user in the process list: prefer "
+        f"${TOKEN_ENV} or --token-file",
+    )
     p.add_argument(
         "--hbm-budget",
         type=byte_count,
@@ -79,7 +95,9 @@ def cmd_engine(ns: argparse.Namespace) -> int:
     from shunter.engine.server.serve import build_state
     from shunter.engine.server.settings import SettingsError, check_model_dirs, load_settings
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
     try:
         settings = load_settings(ns.config, ns.model)
         overrides = {
@@ -97,7 +115,7 @@ def cmd_engine(ns: argparse.Namespace) -> int:
         settings = dataclasses.replace(settings, **overrides)
         check_model_dirs(settings)
         device = available_device(settings.device)
-        token = ns.token or os.environ.get("SHUNTER_ENGINE_TOKEN") or None
+        token = engine_token(ns)
         state = build_state(settings, device, token=token, check_integrity=ns.check_integrity)
     except (SettingsError, GenerateError) as e:
         print(f"shunter engine: {e}", file=sys.stderr)
@@ -114,6 +132,50 @@ def cmd_engine(ns: argparse.Namespace) -> int:
         shutdown_timeout=settings.grace_s + 5,
     )
     return 0
+
+
+def engine_token(ns: argparse.Namespace) -> str | None:
+    """The engine's bearer token: ``--token-file``'s contents (without the line end),
+    else ``--token``, else ``$SHUNTER_ENGINE_TOKEN``; None for none. Logs a warning when
+    the token is on the command line (the process list shows it) and when there is none
+    (every route is open). SettingsError: an unreadable file, or a token that cannot go
+    in an HTTP header (printable ASCII without spaces)."""
+    import logging
+
+    from shunter.engine.server.settings import SettingsError
+
+    log = logging.getLogger("shunter.engine.server")
+    token: str
+    if ns.token_file is not None:
+        try:
+            token = ns.token_file.read_text().rstrip("\r\n")
+        except (OSError, UnicodeDecodeError) as e:
+            raise SettingsError(f"cannot read the token file {ns.token_file}: {e}") from None
+        if not token:
+            raise SettingsError(f"the token file {ns.token_file} is empty")
+    elif ns.token:
+        token = ns.token
+        log.warning(
+            "the engine token was given with --token: every user of this host can read it "
+            "in the process list; use $%s or --token-file instead",
+            TOKEN_ENV,
+        )
+    else:
+        token = os.environ.get(TOKEN_ENV, "")
+    if not token:
+        log.warning(
+            "no engine token ($%s, --token-file): anyone who reaches this port may use "
+            "%s without authentication",
+            TOKEN_ENV,
+            OPEN_ROUTES,
+        )
+        return None
+    if not all("!" <= c <= "~" for c in token):
+        raise SettingsError(
+            "the engine token must be printable ASCII without spaces (it is sent in an "
+            "HTTP header)"
+        )
+    return token
 
 
 def add_bench_server_parser(benches: argparse._SubParsersAction[Any]) -> None:

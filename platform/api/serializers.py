@@ -8,7 +8,13 @@ from rest_framework import serializers
 
 from shunter.platform import services
 from shunter.platform.api.base import ServiceSerializer
-from shunter.platform.models import Deployment, Model, Node, SloClass
+from shunter.platform.models import (
+    Deployment,
+    Model,
+    Node,
+    SloClass,
+    engine_token_validator,
+)
 
 
 class SloClassSerializer(ServiceSerializer):
@@ -37,7 +43,11 @@ class NodeSerializer(ServiceSerializer):
     stored one, send '' to clear it); ``has_engine_token`` says whether one is set."""
 
     engine_token = serializers.CharField(
-        write_only=True, required=False, allow_blank=True, max_length=4096
+        write_only=True,
+        required=False,
+        allow_blank=True,
+        max_length=4096,
+        validators=[engine_token_validator],
     )
 
     class Meta:

@@ -60,7 +60,12 @@ class ApiKeyViewSet(TenantScopedMixin, ServiceModelViewSet):
         serializer.is_valid(raise_exception=True)
         key = serializer.save()
         shown = s.ApiKeyCreatedSerializer(key, context=self.get_serializer_context())
-        return Response(shown.data, status=status.HTTP_201_CREATED)
+        # The secret is in this response only: no cache (browser, proxy) may keep it.
+        return Response(
+            shown.data,
+            status=status.HTTP_201_CREATED,
+            headers={"Cache-Control": "no-store", "Pragma": "no-cache"},
+        )
 
     @extend_schema(request=None, responses=s.ApiKeySerializer)
     @action(detail=True, methods=["post"])

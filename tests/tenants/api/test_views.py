@@ -59,6 +59,11 @@ class TestKeys(CrudTests):
         assert secret not in json.dumps(api.get(self.url(body["id"])).json())
         assert secret not in json.dumps(api.get(self.url()).json())
 
+    def test_the_response_with_the_secret_may_not_be_cached(self, api: HttpsApiClient) -> None:
+        created = api.post(self.url(), self.payload(), format="json")
+        assert created.status_code == 201 and "secret" in created.json()
+        assert created["Cache-Control"] == "no-store" and created["Pragma"] == "no-cache"
+
     def test_revoke(self, api: HttpsApiClient) -> None:
         pk = api.post(self.url(), self.payload(), format="json").json()["id"]
         revoked = api.post(self.url(pk) + "revoke/")
