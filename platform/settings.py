@@ -16,6 +16,11 @@ production deployment comes from environment variables:
   DEBUG; secure cookies, HTTPS redirect and HSTS), ``SHUNTER_LOG_LEVEL``.
 - ``SHUNTER_GATEWAY_READ_TIMEOUT_S`` (default 600): how long the gateway waits for an
   engine's whole non-streamed answer before a 504 ``engine_unavailable``.
+- ``SHUNTER_MAX_SEQUENCES_PER_REQUEST`` (default 256): the most sequences (prompts x
+  ``n``) one generation request may run; more is a 400 before admission.
+- ``SHUNTER_SPOOL_DIR`` (default ``<var>/spool``): where the gateway keeps usage records
+  while the database is unreachable, until it replays them (local disk; gateway
+  processes of one host may share it).
 """
 
 from __future__ import annotations
@@ -201,8 +206,25 @@ WHITENOISE_USE_FINDERS = not STATIC_MANIFEST
 WHITENOISE_AUTOREFRESH = DEBUG
 
 LOGIN_URL = "admin:login"
+# Login throttling (shunter.platform.login_throttle), counted in the cache: this many
+# failed logins within the window, per user name and per client address, refuse further
+# logins for the cool-down, even with the right password.
+LOGIN_FAILURE_LIMIT = int(os.environ.get("SHUNTER_LOGIN_FAILURE_LIMIT", "5"))
+LOGIN_FAILURE_WINDOW_S = int(os.environ.get("SHUNTER_LOGIN_FAILURE_WINDOW_S", "900"))
+LOGIN_COOLDOWN_S = int(os.environ.get("SHUNTER_LOGIN_COOLDOWN_S", "900"))
+
+# Consecutive node polls without an answer (a timeout, a connection cut) before the
+# node is marked unhealthy: one slow answer does not take it out of routing. A refused
+# connection or an error status marks it at once.
+NODE_POLL_MISSES = max(1, int(os.environ.get("SHUNTER_NODE_POLL_MISSES", "3")))
 
 GATEWAY_READ_TIMEOUT_S = float(os.environ.get("SHUNTER_GATEWAY_READ_TIMEOUT_S", "600"))
+GATEWAY_MAX_SEQUENCES_PER_REQUEST = int(
+    os.environ.get("SHUNTER_MAX_SEQUENCES_PER_REQUEST", "256")
+)
+if GATEWAY_MAX_SEQUENCES_PER_REQUEST < 1:
+    raise ImproperlyConfigured("SHUNTER_MAX_SEQUENCES_PER_REQUEST must be at least 1")
+GATEWAY_SPOOL_DIR = Path(os.environ.get("SHUNTER_SPOOL_DIR") or VAR_DIR / "spool").resolve()
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
 
