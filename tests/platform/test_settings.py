@@ -103,3 +103,11 @@ def test_env_bool_rejects_garbage(monkeypatch: pytest.MonkeyPatch) -> None:
         env_bool("SHUNTER_FLAG", False)
     monkeypatch.setenv("SHUNTER_FLAG", "off")
     assert env_bool("SHUNTER_FLAG", True) is False
+
+
+def test_database_connections_give_up_after_a_connect_timeout() -> None:
+    assert database_from_url("postgres://db/shunter")["OPTIONS"] == {"connect_timeout": 3}
+    db = database_from_url("postgres://db/shunter?connect_timeout=10")
+    assert db["OPTIONS"] == {"connect_timeout": 10}
+    with pytest.raises(ImproperlyConfigured, match="connect_timeout"):
+        database_from_url("postgres://db/shunter?connect_timeout=0")
