@@ -37,6 +37,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     add_bench_executor_parser(benches)
     add_bench_remap_exec_parser(benches)
     add_bench_server_parser(benches)
+    _add_bench_isolation_parser(benches)
     add_bench_gateway_parser(benches)
     add_bench_kernels_parser(benches)
     add_loadgen_parsers(benches)
@@ -93,6 +94,37 @@ def cmd_bench_remap(ns: argparse.Namespace) -> int:
     for line in bench_remap(ns.live, steps=ns.steps):
         print(line)
     return 0
+
+
+def _add_bench_isolation_parser(benches: argparse._SubParsersAction[Any]) -> None:
+    p = benches.add_parser(
+        "isolation",
+        help="CPU: a quiet tenant's TTFT alone, beside 2,047-token prompts, beside max fan-out",
+        description="One engine serves two tiny-llama models; a quiet tenant streams short "
+        "requests at a fixed rate alone, then while another tenant sends 2,047-token "
+        "prompts, then while it sends the largest fan-out the engine admits; prints the "
+        "quiet tenant's TTFT P50/P99 and P99 against alone (target <= 1.5x), and the "
+        "status of a 3,000 x n=8 request. Host wall time on this machine.",
+    )
+    p.add_argument("--rate", type=float, default=10.0, help="quiet requests/s (default 10)")
+    p.add_argument("--requests", type=int, default=60, help="quiet requests a phase (default 60)")
+    p.add_argument(
+        "--fanout",
+        type=lambda text: tuple(int(v) for v in text.split("x")),
+        default=(32, 8),
+        help="the noisy request's prompts x n (default 32x8: 256 sequences)",
+    )
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.set_defaults(func=cmd_bench_isolation)
+
+
+def cmd_bench_isolation(ns: argparse.Namespace) -> int:
+    from shunter.engine.exec.cli import print_report
+    from shunter.engine.server.bench_isolation import bench_isolation
+
+    return print_report(
+        bench_isolation(rate=ns.rate, requests=ns.requests, fanout=ns.fanout, threads=ns.threads)
+    )
 
 
 def _add_model_commands(sub: argparse._SubParsersAction[Any]) -> None:

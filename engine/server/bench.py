@@ -149,10 +149,11 @@ def wait_until_up(proc: subprocess.Popen[bytes], url: str, failure: Callable[[],
 
 
 def start_engine(
-    model_dir: Path, kv_tokens: int, threads: int
+    model_dir: Path, kv_tokens: int, threads: int, *, extra_args: Sequence[str] = ()
 ) -> tuple[subprocess.Popen[bytes], str]:
     """``shunter engine`` serving ``model_dir`` as ``MODEL`` on CPU on a free loopback
-    port, once its /health answers; the process and its base URL."""
+    port (with ``extra_args``, e.g. more models), once its /health answers; the process
+    and its base URL."""
     port = free_port()
     shunter = Path(sys.executable).with_name("shunter")
     command = [
@@ -166,6 +167,7 @@ def start_engine(
         str(kv_tokens),
         "--model",
         f"{MODEL}={model_dir}",
+        *extra_args,
     ]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     env.pop("SHUNTER_ENGINE_TOKEN", None)

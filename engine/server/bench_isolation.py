@@ -1,0 +1,180 @@
+"""``shunter bench isolation``: how much one tenant's heavy requests move another's TTFT.
+
+One ``shunter engine`` process on this machine's CPU serves two tiny-llama models (2,048
+token context): ``m`` for the quiet tenant and ``noisy`` for the other. The quiet tenant
+streams short requests (a 4-token prompt, ``quiet_tokens`` output tokens, greedy, EOS
+ignored) at a fixed rate, open loop, and each request's TTFT is taken on arrival of its
+first token's SSE chunk. That schedule runs in three phases:
+
+- ``alone``: nothing else runs (the baseline);
+- ``long prompt``: the noisy tenant sends 2,047-token prompts back to back (the longest
+  legal prompt, one output token each);
+- ``max fan-out``: the noisy tenant sends, back to back, the largest fan-out the engine
+  admits (``prompts`` x ``n`` sequences of 16 prompt tokens and 16 output tokens each).
+
+Each phase prints the quiet tenant's TTFT P50/P99 and the P99 as a ratio of the
+baseline's (the target is <= 1.5x). Last, a 3,000 x 8 request is sent once and its HTTP
+status printed (the engine refuses it with 400). Host wall time on this machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import tempfile
+import time
+from collections.abc import Awaitable, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import torch
+
+from shunter.engine.exec.model_init import init_model_dir, preset_config
+from shunter.engine.server.bench import MODEL, PRESET, quantile_ms, random_prompts, start_engine
+
+NOISY = "noisy"
+LONG_PROMPT_TOKENS = 2047  # the tiny presets' context is 2,048 tokens
+FANOUT_PROMPT_TOKENS = 16
+TARGET_RATIO = 1.5
+
+
+def bench_isolation(
+    *,
+    rate: float = 10.0,
+    requests: int = 60,
+    quiet_tokens: int = 8,
+    fanout: tuple[int, int] = (32, 8),
+    threads: int = 1,
+) -> Iterator[str]:
+    """Run the three phases (``requests`` quiet requests at ``rate`` per second in each)
+    and yield the report; ``fanout`` is (prompts, n) of the noisy tenant's request."""
+    torch.set_num_threads(threads)
+    with tempfile.TemporaryDirectory(prefix="shunter-bench-") as tmp:
+        quiet_dir = init_model_dir(Path(tmp) / "quiet", config=preset_config(PRESET), seed=0)
+        noisy_dir = init_model_dir(Path(tmp) / "noisy", config=preset_config(PRESET), seed=1)
+        prompts, n = fanout
+        kv_tokens = prompts * n * 2 * (FANOUT_PROMPT_TOKENS + 16) + 2 * 2048
+        server, url = start_engine(
+            quiet_dir, kv_tokens, threads, extra_args=("--model", f"{NOISY}={noisy_dir}")
+        )
+        yield (
+            f"{PRESET} x2 on cpu, {threads} thread(s): quiet tenant {requests} requests at "
+            f"{rate:g}/s (4 prompt tokens, {quiet_tokens} output tokens) per phase"
+        )
+        try:
+            yield from asyncio.run(_phases(url, rate, requests, quiet_tokens, prompts, n))
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+
+
+async def _phases(
+    url: str, rate: float, requests: int, quiet_tokens: int, prompts: int, n: int
+) -> list[str]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        quiet = _QuietTenant(session, url, quiet_tokens)
+        await quiet.run(rate, 4)  # warm-up
+        long_body = _body(NOISY, random_prompts(1, LONG_PROMPT_TOKENS)[0], max_tokens=1)
+        fan_body = _body(NOISY, random_prompts(prompts, FANOUT_PROMPT_TOKENS), max_tokens=16)
+        fan_body["n"] = n
+        lines = [f"{'phase':<32} {'TTFT p50 ms':>12} {'p99 ms':>9} {'p99 ratio':>10}"]
+        alone: list[float] = []
+        phases: list[tuple[str, dict[str, Any] | None]] = [
+            ("alone", None),
+            (f"long prompt ({LONG_PROMPT_TOKENS} tokens)", long_body),
+            (f"max fan-out ({prompts} x n={n})", fan_body),
+        ]
+        for label, noise in phases:
+            if noise is None:
+                ttfts = await quiet.run(rate, requests)
+                alone = ttfts
+            else:
+                ttfts = await _beside(quiet.run(rate, requests), session, url, noise)
+            p99 = _quantile(ttfts, 0.99)
+            ratio = p99 / _quantile(alone, 0.99)
+            verdict = "" if noise is None else ("  ok" if ratio <= TARGET_RATIO else "  MISSED")
+            lines.append(
+                f"{label:<32} {quantile_ms(ttfts, 0.5):>12} {quantile_ms(ttfts, 0.99):>9} "
+                f"{ratio:>9.2f}x{verdict}"
+            )
+        huge = _body(NOISY, [[5, 6, 7, 8]] * 3000, max_tokens=16)
+        huge["n"] = 8
+        async with session.post(url + "/v1/completions", json=huge) as r:
+            body = await r.json(content_type=None)
+            message = body.get("error", {}).get("message", "") if isinstance(body, dict) else ""
+        lines.append(f"3000 x n=8 request: HTTP {r.status} {message}")
+        lines.append(f"target: the quiet tenant's P99 TTFT within {TARGET_RATIO}x of alone")
+        return lines
+
+
+class _QuietTenant:
+    """Streams short requests at a fixed rate and keeps each one's TTFT (seconds)."""
+
+    def __init__(self, session: aiohttp.ClientSession, url: str, max_tokens: int) -> None:
+        self.session, self.url, self.max_tokens = session, url, max_tokens
+
+    async def run(self, rate: float, requests: int) -> list[float]:
+        t0 = time.perf_counter()
+        tasks = []
+        for i in range(requests):
+            await asyncio.sleep(max(0.0, t0 + i / rate - time.perf_counter()))
+            tasks.append(asyncio.create_task(self._one(i)))
+        return list(await asyncio.gather(*tasks))
+
+    async def _one(self, i: int) -> float:
+        body = _body(MODEL, [4 + i % 400, 5, 6, 7], max_tokens=self.max_tokens)
+        body["stream"] = True
+        t_start = time.perf_counter()
+        async with self.session.post(self.url + "/v1/completions", json=body) as r:
+            if r.status != 200:
+                raise RuntimeError(f"quiet request: {r.status} {await r.text()}")
+            ttft = None
+            async for line in r.content:
+                if ttft is None and line.startswith(b"data: {"):
+                    ttft = time.perf_counter() - t_start
+        if ttft is None:
+            raise RuntimeError("quiet request: no token arrived")
+        return ttft
+
+
+async def _beside(
+    quiet: Awaitable[list[float]],
+    session: aiohttp.ClientSession,
+    url: str,
+    noise: dict[str, Any],
+) -> list[float]:
+    """Run ``quiet`` while ``noise`` is sent again and again, one at a time."""
+
+    async def noisy() -> None:
+        while True:
+            async with session.post(url + "/v1/completions", json=noise) as r:
+                if r.status != 200:
+                    raise RuntimeError(f"noisy request: {r.status} {await r.text()}")
+                await r.read()
+
+    noise_task = asyncio.create_task(noisy())
+    await asyncio.sleep(0.2)  # the first noisy request is in the engine
+    try:
+        ttfts = await quiet
+    finally:
+        noise_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await noise_task  # a refused noisy request raises here
+    return ttfts
+
+
+def _body(model: str, prompt: Any, *, max_tokens: int) -> dict[str, Any]:
+    return {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+

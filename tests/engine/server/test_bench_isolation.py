@@ -1,0 +1,21 @@
+"""``shunter bench isolation`` runs its three phases end to end on a tiny workload."""
+
+from __future__ import annotations
+
+import pytest
+
+from shunter.engine.server.bench_isolation import bench_isolation
+
+
+@pytest.mark.slow
+def test_bench_isolation_reports_each_phase_against_alone_and_the_refused_fanout() -> None:
+    lines = list(bench_isolation(rate=20.0, requests=4, quiet_tokens=2, fanout=(2, 2)))
+    rows = lines[2:5]
+    assert [row.split("  ")[0].strip() for row in rows] == [
+        "alone",
+        "long prompt (2047 tokens)",
+        "max fan-out (2 x n=2)",
+    ]
+    assert rows[0].split()[-1] == "1.00x"
+    assert all(row.split()[-2].endswith("x") for row in rows[1:])
+    assert lines[5].startswith("3000 x n=8 request: HTTP 400")
