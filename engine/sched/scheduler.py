@@ -10,6 +10,7 @@ capacity between models.
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Callable, Sequence
 from operator import attrgetter
 
@@ -23,6 +24,7 @@ from shunter.engine.request import Request, RequestState, vlts
 from shunter.engine.sched.kv_bytes import KvBytes
 from shunter.engine.sched.policy import Policy, PolicyInput
 from shunter.engine.sched.queues import RequestQueues
+from shunter.engine.sched.shares import fair_shares
 from shunter.engine.sched.step_budget import StepBudget
 from shunter.engine.sched.tenancy import Tenancy
 
@@ -58,11 +60,14 @@ class Scheduler:
       5. Batch: decodes, then prefill chunks of running requests, within
          ``max_batch_tokens``; with a ``StepBudget`` (``step_target_s``) prefill
          tokens also within ``step_tokens`` less the decodes (at least the budget's
-         least, so prompts progress under many decodes).
+         least, so prompts progress under many decodes). The prefill tokens are split
+         among the models with prefill work, max-min fair (``shares``), so one
+         model's long prompt or burst never holds a step while another model's
+         request waits; each model spends its share on its running chunks first.
       6. Admissions in the decision's order: waiting requests get blocks and a first
-         prefill chunk; rotary requests are swapped in (their H2D overlaps this step's
-         forward pass). A request that does not fit stops its own model's admissions
-         for this step, not the others'.
+         prefill chunk from their model's share; rotary requests are swapped in (their
+         H2D overlaps this step's forward pass). A request that does not fit stops its
+         own model's admissions for this step, not the others'.
       7. Eager rotation of SYNCED blocks. A model that ran short of blocks gets
          capacity from the others: the one with the most free blocks compacts.
     ``update`` applies the executor's result: KV progress, tokens, finished requests.
@@ -261,11 +266,12 @@ class Scheduler:
             budget = self.step_budget
             num_decodes = self.config.max_batch_tokens - tokens
             tokens = min(tokens, max(budget.min_tokens, budget.tokens - num_decodes))
+        # Prefill tokens are shared fairly by model: one model's long prompt or burst
+        # does not hold a step while another's request waits (see ``shares``).
+        left = fair_shares(self._prefill_demand(prefills, admit), tokens)
         for r in prefills:
-            if tokens <= 0:
-                break
-            if r.state is RUNNING:
-                tokens -= self._add_chunk(plan, r, tokens)
+            if r.state is RUNNING and left[r.model] > 0:
+                left[r.model] -= self._add_chunk(plan, r, left[r.model])
 
         num_running = self.num_running
         stopped: set[str] = set()
@@ -276,14 +282,16 @@ class Scheduler:
             if r.model in stopped:
                 skipped.append(r)
                 continue
-            used = self._admit(r, plan, now, tokens)
+            model_tokens = left.get(r.model, 0)
+            used = self._admit(r, plan, now, model_tokens)
             if used is None:
                 stopped.add(r.model)
-                if tokens > 0 or r.state is ROTARY:
+                if model_tokens > 0 or r.state is ROTARY:
                     short[r.model] = short.get(r.model, 0) + self._lack(r)
                 continue
             num_running += 1
-            tokens -= used
+            if used:
+                left[r.model] -= used
         # What a short model's admissions behind the one that did not fit would have taken.
         for r, nbytes in zip(skipped, self.kv.of(skipped), strict=True):
             if r.model in short:
@@ -509,6 +517,16 @@ class Scheduler:
         self.memory.free(r)
         r.num_computed_tokens = 0
         q.move(r, WAITING)
+
+    @staticmethod
+    def _prefill_demand(prefills: list[Request], admit: list[Request]) -> dict[str, int]:
+        """Prefill tokens each model could batch this step: its running prompts' pending
+        tokens and those of its waiting requests the policy admits."""
+        demand: dict[str, int] = {}
+        for r in itertools.chain(prefills, admit):
+            if r.state is RUNNING or r.state is WAITING:
+                demand[r.model] = demand.get(r.model, 0) + r.num_pending_tokens
+        return demand
 
     def _admit(self, r: Request, plan: StepPlan, now: float, tokens: int) -> int | None:
         """Bring ``r`` onto the device; the batch tokens it took, or None if it did not fit."""
