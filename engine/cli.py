@@ -115,6 +115,11 @@ def _add_bench_isolation_parser(benches: argparse._SubParsersAction[Any]) -> Non
         help="the noisy request's prompts x n (default 32x8: 256 sequences)",
     )
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument(
+        "--step-target-ms",
+        type=float,
+        help="the engine's step target (default: the engine's, half the tightest TBT SLO)",
+    )
     p.set_defaults(func=cmd_bench_isolation)
 
 
@@ -123,7 +128,13 @@ def cmd_bench_isolation(ns: argparse.Namespace) -> int:
     from shunter.engine.server.bench_isolation import bench_isolation
 
     return print_report(
-        bench_isolation(rate=ns.rate, requests=ns.requests, fanout=ns.fanout, threads=ns.threads)
+        bench_isolation(
+            rate=ns.rate,
+            requests=ns.requests,
+            fanout=ns.fanout,
+            threads=ns.threads,
+            step_target_ms=ns.step_target_ms,
+        )
     )
 
 

@@ -26,3 +26,6 @@ echo "== gateway (CPU, tiny-llama): TTFT and ITL through the gateway vs straight
 
 echo "== load generator: 200 req/s open loop against a local SSE fixture (64 tokens), send rate and timing error"
 "${VENV:-.venv}/bin/shunter" bench loadgen
+
+echo "== isolation (CPU, 2x tiny-llama): a quiet tenant's TTFT alone vs beside 2,047-token prompts and max fan-out"
+"${VENV:-.venv}/bin/shunter" bench isolation

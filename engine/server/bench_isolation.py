@@ -46,21 +46,26 @@ def bench_isolation(
     quiet_tokens: int = 8,
     fanout: tuple[int, int] = (32, 8),
     threads: int = 1,
+    step_target_ms: float | None = None,
 ) -> Iterator[str]:
     """Run the three phases (``requests`` quiet requests at ``rate`` per second in each)
-    and yield the report; ``fanout`` is (prompts, n) of the noisy tenant's request."""
+    and yield the report; ``fanout`` is (prompts, n) of the noisy tenant's request;
+    ``step_target_ms`` is the engine's (None: its default, from the SLO classes)."""
     torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory(prefix="shunter-bench-") as tmp:
         quiet_dir = init_model_dir(Path(tmp) / "quiet", config=preset_config(PRESET), seed=0)
         noisy_dir = init_model_dir(Path(tmp) / "noisy", config=preset_config(PRESET), seed=1)
         prompts, n = fanout
         kv_tokens = prompts * n * 2 * (FANOUT_PROMPT_TOKENS + 16) + 2 * 2048
-        server, url = start_engine(
-            quiet_dir, kv_tokens, threads, extra_args=("--model", f"{NOISY}={noisy_dir}")
-        )
+        extra = ["--model", f"{NOISY}={noisy_dir}"]
+        if step_target_ms is not None:
+            extra += ["--step-target-ms", str(step_target_ms)]
+        server, url = start_engine(quiet_dir, kv_tokens, threads, extra_args=extra)
+        target = "default" if step_target_ms is None else f"{step_target_ms:g} ms"
         yield (
-            f"{PRESET} x2 on cpu, {threads} thread(s): quiet tenant {requests} requests at "
-            f"{rate:g}/s (4 prompt tokens, {quiet_tokens} output tokens) per phase"
+            f"{PRESET} x2 on cpu, {threads} thread(s), step target {target}: quiet tenant "
+            f"{requests} requests at {rate:g}/s (4 prompt tokens, {quiet_tokens} output "
+            "tokens) per phase"
         )
         try:
             yield from asyncio.run(_phases(url, rate, requests, quiet_tokens, prompts, n))

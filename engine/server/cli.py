@@ -69,6 +69,12 @@ def add_engine_parser(sub: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument("--grace", type=float, help="seconds in-flight requests get on SIGTERM")
     p.add_argument(
+        "--step-target-ms",
+        type=float,
+        help="the time a step should take; prefill is chunked to fit it (default: half "
+        "the tightest TBT SLO of the served models)",
+    )
+    p.add_argument(
         "--remap",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -109,10 +115,13 @@ def cmd_engine(ns: argparse.Namespace) -> int:
                 ("kv_tokens", ns.kv_tokens),
                 ("grace_s", ns.grace),
                 ("remap", ns.remap),
+                ("step_target_s", None if ns.step_target_ms is None else ns.step_target_ms / 1000),
             )
             if value is not None
         }
         settings = dataclasses.replace(settings, **overrides)
+        if settings.step_target_s is not None and settings.step_target_s <= 0:
+            raise SettingsError("--step-target-ms must be positive")
         check_model_dirs(settings)
         device = available_device(settings.device)
         token = engine_token(ns)

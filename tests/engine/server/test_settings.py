@@ -68,3 +68,13 @@ def test_the_shipped_example_config_parses() -> None:
     settings = load_settings(example, [])
     assert settings.remap and settings.capacity_order[0] == "free"
     assert {m.sharing for m in settings.models} <= {"spatial", "temporal"}
+
+
+def test_the_step_target_from_the_command_line_must_be_positive(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from shunter.platform.cli import build_parser
+
+    ns = build_parser().parse_args(["engine", "--step-target-ms", "0", "--model", "m=/none"])
+    assert ns.step_target_ms == 0 and ns.func(ns) == 2
+    assert "--step-target-ms must be positive" in capsys.readouterr().err
