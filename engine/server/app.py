@@ -15,7 +15,6 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from aiohttp import web
 
@@ -112,7 +111,7 @@ async def health(request: web.Request) -> web.Response:
     if state.draining:
         return web.json_response({"status": "draining"}, status=503)
     loop = state.loop
-    if loop is not None and loop.stalled:
+    if loop.stalled:
         age = round(loop.snapshot.age_s(), 3)
         return web.json_response({"status": "stalled", "snapshot_age_s": age}, status=503)
     return web.json_response({"status": "ok"})
@@ -120,7 +119,6 @@ async def health(request: web.Request) -> web.Response:
 
 async def list_models(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    state.engine_loop()  # 503 without an engine
     data = [
         {
             "id": name,
@@ -142,41 +140,37 @@ async def metrics(request: web.Request) -> web.Response:
 async def admin_state(request: web.Request) -> web.Response:
     """The engine loop's latest snapshot (``engine.server.state``), never waiting for a
     step, with ``t_snapshot`` (Unix time it was taken), ``snapshot_age_s`` and
-    ``stalled`` (see ``health``), and the server's ``error``, ``draining`` and
-    ``reconciling``."""
+    ``stalled`` (see ``health``), ``draining``, and ``reconciling`` (a deployment
+    change is under way; the models it does not touch keep serving)."""
     state = request.app[STATE]
-    loop, models = state.loop, state.models
-    if loop is None:
-        snapshot: dict[str, Any] = {"models": {}, "error": state.failure}
-    else:
-        published = loop.snapshot
-        age = published.age_s()
-        snapshot = with_config(published.state, models)
-        snapshot["t_snapshot"] = time.time() - age
-        snapshot["snapshot_age_s"] = age
-        snapshot["stalled"] = loop.stalled
-        snapshot["error"] = None
+    loop = state.loop
+    published = loop.snapshot
+    age = published.age_s()
+    snapshot = with_config(published.state, state.models)
+    snapshot["t_snapshot"] = time.time() - age
+    snapshot["snapshot_age_s"] = age
+    snapshot["stalled"] = loop.stalled
     snapshot["draining"] = state.draining
-    snapshot["reconciling"] = state.reconciling
+    snapshot["reconciling"] = state.reconcile_lock.locked()
     return web.json_response(snapshot)
 
 
 async def admin_drain(request: web.Request) -> web.Response:
     state = request.app[STATE]
     state.draining = True
-    streams = 0 if state.loop is None else state.loop.num_streams
+    streams = state.loop.num_streams
     return web.json_response({"draining": True, "streams": streams})
 
 
 async def _start(app: web.Application) -> None:
-    app[STATE].engine_loop().start()
+    app[STATE].loop.start()
 
 
 async def _shutdown(app: web.Application) -> None:
     state = app[STATE]
     state.draining = True
     deadline = time.monotonic() + state.grace_s
-    while state.loop is not None and state.loop.num_streams and time.monotonic() < deadline:
+    while state.loop.num_streams and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     await _stop_loop(state)
 
@@ -186,7 +180,6 @@ async def _cleanup(app: web.Application) -> None:
 
 
 async def _stop_loop(state: ServerState) -> None:
-    """Stop the engine loop if there is one: anything still running gets an abort delta
-    and ends its response."""
-    if state.loop is not None:
-        await asyncio.to_thread(state.loop.stop)
+    """Stop the engine loop (once): anything still running gets an abort delta and ends
+    its response."""
+    await asyncio.to_thread(state.loop.stop)

@@ -18,13 +18,10 @@ used block were given back (``EngineCore.change_models``). The arena does not gr
 the added models' weights or a full context of each (``max_context``) would not fit
 even so, or a live request of another model would no longer fit, the change is refused
 with 409, with the bytes needed, free and reclaimable, before anything changes. Requests
-of removed or reloaded models end at once with an error chunk. The response's
-``rebuilt`` is false for these changes.
-
-The engine is rebuilt with the desired set only where there is no engine to change (a
-rebuild that failed to load): then every desired model is loaded anew. A desired set
-that cannot be served (a missing directory, a config that does not fit) is refused with
-400 before anything changes.
+of removed or reloaded models end at once with an error chunk. An added model that
+fails to load changes nothing (500). The engine is never rebuilt (the response's
+``rebuilt`` is always false). A desired set that cannot be served (a missing directory,
+a config that does not fit) is refused with 400 before anything changes.
 """
 
 from __future__ import annotations
@@ -32,12 +29,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import gc
 import logging
-import time
 from typing import Any
 
-import torch
 from aiohttp import web
 
 from shunter.engine.exec.generate_input import GenerateError
@@ -45,8 +39,7 @@ from shunter.engine.exec.serving import model_specs
 from shunter.engine.memory.manager import NoRoom
 from shunter.engine.server.context import STATE, ServerState
 from shunter.engine.server.errors import ApiError, bad_request
-from shunter.engine.server.loop import EngineLoop
-from shunter.engine.server.models import ServedModel, load_served_model
+from shunter.engine.server.models import load_served_model
 from shunter.engine.server.openai_api import read_json
 from shunter.engine.server.serve import context_tokens, engine_config, tenant_specs
 from shunter.engine.server.settings import (
@@ -79,9 +72,8 @@ async def put_deployments(request: web.Request) -> web.Response:
 
 
 async def reconcile(state: ServerState, desired: EngineSettings) -> dict[str, Any]:
-    """Serve ``desired``; what changed, by model name. Without an engine (a reload that
-    failed) every desired model is loaded anew."""
-    current = {m.name: m for m in state.settings.models} if state.loop is not None else {}
+    """Serve ``desired`` in the running engine; what changed, by model name."""
+    current = {m.name: m for m in state.settings.models}
     want = {m.name: m for m in desired.models}
     kept = current.keys() & want.keys()
     removed = sorted(current.keys() - want.keys())
@@ -93,23 +85,14 @@ async def reconcile(state: ServerState, desired: EngineSettings) -> dict[str, An
         "removed": removed,
         "reloaded": reloaded,
         "reconfigured": reconfigured,
-        "rebuilt": state.loop is None,
+        "rebuilt": False,
     }
-    if state.loop is not None:
-        if added or removed or reloaded:
-            await _change_models(state, desired, sorted({*removed, *reloaded}), added + reloaded)
-        await _retenant(state, desired)
-        for name in reconfigured:
-            state.models[name].arg = want[name]
-        state.settings = desired
-        for name in removed:
-            state.metrics.forget(name)
-        return result
-    state.reconciling = True
-    try:
-        await _replace_engine(state, desired, set(removed) | set(reloaded))
-    finally:
-        state.reconciling = False
+    if added or removed or reloaded:
+        await _change_models(state, desired, sorted({*removed, *reloaded}), added + reloaded)
+    await _retenant(state, desired)
+    for name in reconfigured:
+        state.models[name].arg = want[name]
+    state.settings = desired
     for name in removed:
         state.metrics.forget(name)
     return result
@@ -121,7 +104,7 @@ async def _change_models(
     """Stop serving ``removing`` and serve ``adding`` (as ``desired`` has them) in the
     running engine; see the module docstring. 409 when they do not fit, 500 when an
     added model fails to load: nothing changed then."""
-    loop = state.engine_loop()
+    loop = state.loop
     engine, core = loop.engine, loop.engine.core
     want = {m.name: m for m in desired.models}
     tenants = {t.model: t for t in tenant_specs(desired)}
@@ -182,7 +165,7 @@ async def _retenant(state: ServerState, desired: EngineSettings) -> None:
     KV bounds between two steps; a 400 (nothing changed) when a live request would no
     longer fit its model's bounds."""
     tenants = tenant_specs(desired)
-    loop = state.engine_loop()
+    loop = state.loop
     core = loop.engine.core
 
     def apply() -> None:
@@ -193,73 +176,3 @@ async def _retenant(state: ServerState, desired: EngineSettings) -> None:
         await loop.call(apply)
     except ValueError as e:
         raise bad_request(f"The desired deployments cannot be applied now: {e}") from None
-
-
-async def _replace_engine(state: ServerState, desired: EngineSettings, ending: set[str]) -> None:
-    """Stop the old engine and free it (its device memory too) before building the
-    desired one, so both never need the device at once. When the desired set fails to
-    load the previous one is loaded again (a 500); when that fails too the server keeps
-    no engine (503 to generation requests, the error in ``/admin/state``) until a later
-    desired set loads."""
-    if state.loop is not None:
-        await _stop_engine(state, ending)
-    try:
-        loop, served = await asyncio.to_thread(state.build, desired)
-    except Exception as e:
-        log.exception("building the desired deployments failed; restoring the previous set")
-        await asyncio.to_thread(_release_device_memory)
-        try:
-            loop, served = await asyncio.to_thread(state.build, state.settings)
-        except Exception as again:
-            log.exception("restoring the previous deployments failed too")
-            await asyncio.to_thread(_release_device_memory)
-            state.failure = (
-                f"loading the desired deployments failed ({e}), and so did loading the "
-                f"previous ones again ({again}); PUT /admin/deployments to load a set"
-            )
-            raise ApiError(
-                500,
-                f"Loading the desired deployments failed, and so did restoring the previous "
-                f"set: the engine serves no models. {state.failure}.",
-                type="server_error",
-            ) from None
-        _serve(state, loop, served, state.settings)
-        raise ApiError(
-            500,
-            f"Loading the desired deployments failed ({e}); the previous set is served again.",
-            type="server_error",
-        ) from None
-    _serve(state, loop, served, desired)
-
-
-async def _stop_engine(state: ServerState, ending: set[str]) -> None:
-    """End the requests of ``ending`` models at once, give the others the grace period,
-    stop the engine loop and drop every reference to its engine."""
-    old = state.loop
-    assert old is not None
-    await old.call(functools.partial(old.abort_models, ending, "the model was removed or reloaded"))
-    deadline = time.monotonic() + state.grace_s
-    while old.num_streams and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
-    await asyncio.to_thread(old.stop, "the engine is reloading its models")
-    state.loop, state.models = None, {}
-    del old
-    await asyncio.to_thread(_release_device_memory)
-
-
-def _release_device_memory() -> None:
-    """Collect the engines nothing refers to any more and hand their device memory back
-    to the driver, so the next build finds it free."""
-    gc.collect()
-    if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-        torch.cuda.empty_cache()
-
-
-def _serve(
-    state: ServerState,
-    loop: EngineLoop,
-    served: dict[str, ServedModel],
-    settings: EngineSettings,
-) -> None:
-    loop.start()
-    state.loop, state.models, state.settings, state.failure = loop, served, settings, None

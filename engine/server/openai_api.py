@@ -161,15 +161,15 @@ EXTRAS = ("return_token_ids",)
 
 async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
     state: ServerState = request.app[STATE]
-    clock = state.engine_loop().engine.core.clock
+    clock = state.loop.engine.core.clock
     t_arr = clock.now()
     body = await read_json(request)
     name = model_name(body)
     served = state.models.get(name)
     if served is None:
         raise model_not_found(name)
-    if not state.admitting:
-        raise unavailable("The engine is draining or reloading models and admits no requests.")
+    if state.draining:
+        raise unavailable("The engine is draining and admits no requests.")
     extras = {key: body.pop(key) for key in EXTRAS if key in body}
     for key, value in extras.items():
         if not isinstance(value, bool):
@@ -197,7 +197,7 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
             choices.append(_Choice(index, len(prompt)))
     # PUT /admin/deployments may replace state.loop meanwhile; a weak reference, so a
     # reload can free the old engine while this handler still writes its last chunks.
-    engine_loop = state.engine_loop()
+    engine_loop = state.loop
     engine_loop.submit(streams)
     loop_ref = weakref.ref(engine_loop)
     del engine_loop

@@ -120,17 +120,12 @@ def build_state(
     check_integrity: bool = False,
 ) -> ServerState:
     metrics = ServerMetrics([m.name for m in settings.models])
-
-    def build(s: EngineSettings) -> tuple[EngineLoop, dict[str, ServedModel]]:
-        return build_loop(s, device, metrics, check_integrity=check_integrity)
-
-    loop, served = build(settings)
+    loop, served = build_loop(settings, device, metrics, check_integrity=check_integrity)
     return ServerState(
         models=served,
         loop=loop,
         metrics=metrics,
         settings=settings,
-        build=build,
         token=token,
         grace_s=settings.grace_s,
     )
