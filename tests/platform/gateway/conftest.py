@@ -293,3 +293,18 @@ def wait_record(request_id: str, timeout: float = 15.0) -> RequestRecord:
             return record
         assert time.monotonic() < deadline, f"no record of {request_id}"
         time.sleep(0.05)
+
+
+@dataclass
+class LlamaSetup:
+    """A world with one llama deployment; ``completion`` calls it through the gateway
+    (or the gateway at ``url``) as the holder of ``secret``."""
+
+    world: World
+    llama: Deployment
+
+    def completion(self, secret: str, rid: str = "", url: str = "", **body: object) -> Reply:
+        headers = {**bearer(secret), **({"X-Request-Id": rid} if rid else {})}
+        payload = {"model": "llama", "prompt": "Hello", "max_tokens": 1, **body}
+        gateway = url or self.world.gateway.url
+        return call("POST", gateway + "/v1/completions", payload, headers=headers)

@@ -10,13 +10,11 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import redis
 
-from shunter.platform.models import Deployment
 from shunter.tenants.models import RequestRecord
 from tests.conftest import free_port
 from tests.platform.gateway.conftest import (
@@ -25,36 +23,23 @@ from tests.platform.gateway.conftest import (
     REDIS_URL,
     Engine,
     Gateway,
+    LlamaSetup,
     Process,
-    Reply,
     World,
     bearer,
-    call,
     wait_record,
 )
 
 pytestmark = [pytest.mark.slow, DB]
 
 
-@dataclass
-class Setup:
-    world: World
-    llama: Deployment
-
-    def completion(self, secret: str, rid: str = "", url: str = "", **body: object) -> Reply:
-        headers = {**bearer(secret), **({"X-Request-Id": rid} if rid else {})}
-        payload = {"model": "llama", "prompt": "Hello", "max_tokens": 1, **body}
-        gateway = url or self.world.gateway.url
-        return call("POST", gateway + "/v1/completions", payload, headers=headers)
-
-
 @pytest.fixture
-def setup(world: World) -> Setup:
+def setup(world: World) -> LlamaSetup:
     node = world.node("fanout-node", world.engine.url)
-    return Setup(world, world.deployment(node, "llama"))
+    return LlamaSetup(world, world.deployment(node, "llama"))
 
 
-def test_a_fan_out_past_the_bound_is_refused_before_admission(setup: Setup) -> None:
+def test_a_fan_out_past_the_bound_is_refused_before_admission(setup: LlamaSetup) -> None:
     tenant = setup.world.tenant(setup.llama, rpm_limit=1)
     _, secret = setup.world.key(tenant)
     r = setup.completion(secret, prompt=["Hello"] * 3000, n=8)
@@ -75,7 +60,7 @@ def wait_fresh_minute(needed_s: float = 15.0) -> None:
         time.sleep(0.2)
 
 
-def test_tokens_per_minute_reserve_every_sequence_then_settle(setup: Setup) -> None:
+def test_tokens_per_minute_reserve_every_sequence_then_settle(setup: LlamaSetup) -> None:
     tenant = setup.world.tenant(setup.llama, tpm_limit=100)
     _, secret = setup.world.key(tenant)
     wait_fresh_minute()
@@ -100,7 +85,7 @@ def test_tokens_per_minute_reserve_every_sequence_then_settle(setup: Setup) -> N
     assert "this request may use up to 93" in r.error["message"]
 
 
-def test_concurrency_counts_sequences(setup: Setup) -> None:
+def test_concurrency_counts_sequences(setup: LlamaSetup) -> None:
     tenant = setup.world.tenant(setup.llama, concurrency_limit=2)
     _, secret = setup.world.key(tenant)
     r = setup.completion(secret, n=3)
@@ -142,7 +127,7 @@ def own_redis(tmp_path: Path) -> Iterator[tuple[Process, str]]:
 
 
 def test_an_unreachable_quota_store_fails_closed(
-    setup: Setup, own_redis: tuple[Process, str], tmp_path: Path
+    setup: LlamaSetup, own_redis: tuple[Process, str], tmp_path: Path
 ) -> None:
     server, url = own_redis
     tenant = setup.world.tenant(setup.llama, rpm_limit=100)
@@ -166,7 +151,7 @@ def test_an_unreachable_quota_store_fails_closed(
         gateway.stop()
 
 
-def test_a_killed_redis_connection_is_no_error(setup: Setup) -> None:
+def test_a_killed_redis_connection_is_no_error(setup: LlamaSetup) -> None:
     if not REDIS_URL:
         pytest.skip("REDIS_URL is not set (make test sets it)")
     tenant = setup.world.tenant(setup.llama, rpm_limit=100, concurrency_limit=4)
@@ -184,7 +169,7 @@ def test_a_killed_redis_connection_is_no_error(setup: Setup) -> None:
 
 
 def test_a_stream_that_ends_early_counts_the_engines_tokens(
-    setup: Setup, model_dirs: dict[str, Path], tmp_path: Path
+    setup: LlamaSetup, model_dirs: dict[str, Path], tmp_path: Path
 ) -> None:
     engine = Engine({"llama": model_dirs["tiny-llama"]}, tmp_path / "engine.log")
     try:

@@ -8,45 +8,31 @@ import http.client
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import pytest
 import redis
 
-from shunter.platform.models import Deployment
 from shunter.tenants.models import RequestRecord
 from tests.platform.gateway.conftest import (
     DB,
     HTTPS,
     REDIS_URL,
-    Reply,
+    LlamaSetup,
     World,
     bearer,
-    call,
     wait_record,
 )
 
 pytestmark = [pytest.mark.slow, DB]
 
 
-@dataclass
-class Setup:
-    world: World
-    llama: Deployment
-
-    def completion(self, secret: str, rid: str = "", **body: object) -> Reply:
-        headers = {**bearer(secret), **({"X-Request-Id": rid} if rid else {})}
-        payload = {"model": "llama", "prompt": "Hello", "max_tokens": 1, **body}
-        return call("POST", self.world.gateway.url + "/v1/completions", payload, headers=headers)
-
-
 @pytest.fixture
-def setup(world: World) -> Setup:
+def setup(world: World) -> LlamaSetup:
     node = world.node("quota-node", world.engine.url)
-    return Setup(world, world.deployment(node, "llama"))
+    return LlamaSetup(world, world.deployment(node, "llama"))
 
 
-def test_thirty_parallel_requests_admit_exactly_ten_per_minute(setup: Setup) -> None:
+def test_thirty_parallel_requests_admit_exactly_ten_per_minute(setup: LlamaSetup) -> None:
     tenant = setup.world.tenant(setup.llama, rpm_limit=10)
     _, secret = setup.world.key(tenant)
     with ThreadPoolExecutor(30) as pool:
@@ -69,7 +55,7 @@ def test_thirty_parallel_requests_admit_exactly_ten_per_minute(setup: Setup) -> 
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_spent_token_budget_stops_further_requests(setup: Setup, stream: bool) -> None:
+def test_a_spent_token_budget_stops_further_requests(setup: LlamaSetup, stream: bool) -> None:
     # The first request reserves 5 + 8 (the prompt's estimate) + 24 tokens of 40; the
     # next one's reservation no longer fits what is left after it.
     tenant = setup.world.tenant(setup.llama, token_budget=40, budget_period="day")
@@ -90,7 +76,7 @@ def test_a_spent_token_budget_stops_further_requests(setup: Setup, stream: bool)
     assert int(r.headers["retry-after"]) <= 86400
 
 
-def test_a_client_that_leaves_gives_back_its_lease_and_aborts_upstream(setup: Setup) -> None:
+def test_a_client_that_leaves_gives_back_its_lease_and_aborts_upstream(setup: LlamaSetup) -> None:
     tenant = setup.world.tenant(setup.llama, concurrency_limit=1)
     _, secret = setup.world.key(tenant)
     conn = http.client.HTTPConnection("127.0.0.1", setup.world.gateway.port, timeout=60)
