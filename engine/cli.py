@@ -111,8 +111,8 @@ def _add_bench_isolation_parser(benches: argparse._SubParsersAction[Any]) -> Non
     p.add_argument(
         "--fanout",
         type=lambda text: tuple(int(v) for v in text.split("x")),
-        default=(32, 8),
-        help="the noisy request's prompts x n (default 32x8: 256 sequences)",
+        default=(16, 8),
+        help="the noisy request's prompts x n (default 16x8: 128 sequences, the engine's bound)",
     )
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument(

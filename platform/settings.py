@@ -16,8 +16,9 @@ production deployment comes from environment variables:
   DEBUG; secure cookies, HTTPS redirect and HSTS), ``SHUNTER_LOG_LEVEL``.
 - ``SHUNTER_GATEWAY_READ_TIMEOUT_S`` (default 600): how long the gateway waits for an
   engine's whole non-streamed answer before a 504 ``engine_unavailable``.
-- ``SHUNTER_MAX_SEQUENCES_PER_REQUEST`` (default 256): the most sequences (prompts x
-  ``n``) one generation request may run; more is a 400 before admission.
+- ``SHUNTER_MAX_SEQUENCES_PER_REQUEST`` (default 128, the engine's default): the most
+  sequences (prompts x ``n``) one generation request may run; more is a 400 before
+  admission.
 - ``SHUNTER_SPOOL_DIR`` (default ``<var>/spool``): where the gateway keeps usage records
   while the database is unreachable, until it replays them (local disk; gateway
   processes of one host may share it).
@@ -241,7 +242,7 @@ NODE_POLL_MISSES = max(1, int(os.environ.get("SHUNTER_NODE_POLL_MISSES", "3")))
 
 GATEWAY_READ_TIMEOUT_S = float(os.environ.get("SHUNTER_GATEWAY_READ_TIMEOUT_S", "600"))
 GATEWAY_MAX_SEQUENCES_PER_REQUEST = int(
-    os.environ.get("SHUNTER_MAX_SEQUENCES_PER_REQUEST", "256")
+    os.environ.get("SHUNTER_MAX_SEQUENCES_PER_REQUEST", "128")
 )
 if GATEWAY_MAX_SEQUENCES_PER_REQUEST < 1:
     raise ImproperlyConfigured("SHUNTER_MAX_SEQUENCES_PER_REQUEST must be at least 1")

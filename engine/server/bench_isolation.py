@@ -46,7 +46,7 @@ def bench_isolation(
     rate: float = 10.0,
     requests: int = 60,
     quiet_tokens: int = 8,
-    fanout: tuple[int, int] = (32, 8),
+    fanout: tuple[int, int] = (16, 8),
     threads: int = 1,
     step_target_ms: float | None = None,
 ) -> Iterator[str]:

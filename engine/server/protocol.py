@@ -16,8 +16,12 @@ from shunter.engine.server.errors import bad_request
 
 MAX_N = 8
 # The default bound of a request's sequences (prompts x n), engine setting
-# ``max_sequences_per_request``.
-MAX_SEQUENCES = 256
+# ``max_sequences_per_request``: half the default running cap (``SchedulerConfig.
+# max_running``, 256), so that one request never holds every running slot and another
+# tenant's request always finds one (`shunter bench isolation` measured a 256-sequence
+# request keeping a quiet tenant's requests waiting for it to finish). The OpenAI API
+# bounds ``n`` at 128 too.
+MAX_SEQUENCES = 128
 MAX_COMPLETION_LOGPROBS = 5  # the OpenAI API's bound for /v1/completions
 MAX_STOP = 4
 # The OpenAI API's default for /v1/completions; chat defaults to the rest of the context.

@@ -16,9 +16,9 @@ from typing import Any
 from shunter.engine.config import CAPACITY_SOURCES, POLICIES, RemapConfig, SloSpec
 from shunter.engine.exec.cli import byte_count
 from shunter.engine.server.models import ModelArg, parse_model_arg
+from shunter.engine.server.protocol import MAX_SEQUENCES
 
 DEFAULT_KV_TOKENS = 65536
-DEFAULT_MAX_SEQUENCES = 256
 TOP_KEYS = {
     "device",
     "hbm_budget",
@@ -71,7 +71,7 @@ class EngineSettings:
     slo_classes: dict[str, SloSpec] = field(default_factory=dict)
     # The most sequences (prompts x n) one request may run: a request's sequences all
     # run at once, so without a bound one request could hold the engine for minutes.
-    max_sequences_per_request: int = DEFAULT_MAX_SEQUENCES
+    max_sequences_per_request: int = MAX_SEQUENCES
     step_target_s: float | None = None
 
 
@@ -139,7 +139,7 @@ def settings_from_dict(
         capacity_order=tuple(order),
         grace_s=float(_typed(data, "grace_s", (int, float), where) or 30.0),
         slo_classes=slos,
-        max_sequences_per_request=max_sequences or DEFAULT_MAX_SEQUENCES,
+        max_sequences_per_request=max_sequences or MAX_SEQUENCES,
         step_target_s=None if step_target_ms is None else step_target_ms / 1000,
     )
 

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from shunter.engine.server.settings import DEFAULT_MAX_SEQUENCES, SettingsError, settings_from_dict
+from shunter.engine.server.protocol import MAX_SEQUENCES
+from shunter.engine.server.settings import SettingsError, settings_from_dict
 from tests.engine.server.conftest import TOKEN, ServerThread, request
 
 HEADERS = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
@@ -29,23 +30,23 @@ def test_a_request_of_too_many_sequences_is_refused_at_once(server: ServerThread
     error = r.json()["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == "prompt"
     assert "24000 sequences (3000 prompts x n=8)" in error["message"]
-    assert f"at most {DEFAULT_MAX_SEQUENCES}" in error["message"]
+    assert f"at most {MAX_SEQUENCES}" in error["message"]
     # Prompts that fit, fanned out past the bound, name n.
-    texts = ["Hello"] * 64
+    texts = ["Hello"] * 32
     r = post(server, "/v1/completions", {"model": "qwen", "prompt": texts, "n": 5})
     assert r.status_code == 400 and r.json()["error"]["param"] == "n"
-    assert "320 sequences (64 prompts x n=5)" in r.json()["error"]["message"]
+    assert "160 sequences (32 prompts x n=5)" in r.json()["error"]["message"]
     assert server.wait_idle()["requests"]["live"] == 0
     # At the bound it runs.
     r = post(
-        server, "/v1/completions", {"model": "qwen", "prompt": [[7]] * 32, "n": 8, "max_tokens": 1}
+        server, "/v1/completions", {"model": "qwen", "prompt": [[7]] * 16, "n": 8, "max_tokens": 1}
     )
-    assert r.status_code == 200 and len(r.json()["choices"]) == 256
+    assert r.status_code == 200 and len(r.json()["choices"]) == 128
 
 
 def test_the_bound_is_an_engine_setting() -> None:
     base = {"models": [{"name": "m", "path": "/models/m"}]}
-    assert settings_from_dict(base, "t").max_sequences_per_request == 256
+    assert settings_from_dict(base, "t").max_sequences_per_request == 128
     settings = settings_from_dict({**base, "max_sequences_per_request": 16}, "t")
     assert settings.max_sequences_per_request == 16
     with pytest.raises(SettingsError, match="max_sequences_per_request"):

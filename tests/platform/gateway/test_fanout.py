@@ -46,8 +46,8 @@ def test_a_fan_out_past_the_bound_is_refused_before_admission(setup: LlamaSetup)
     assert r.status == 400
     assert (r.error["type"], r.error["param"]) == ("invalid_request_error", "prompt")
     assert "24000 sequences (3000 prompts x n=8)" in r.error["message"]
-    assert "at most 256" in r.error["message"]
-    r = setup.completion(secret, prompt=["Hello"] * 64, n=8)
+    assert "at most 128" in r.error["message"]
+    r = setup.completion(secret, prompt=["Hello"] * 32, n=8)
     assert r.status == 400 and r.error["param"] == "n"
     assert setup.world.engine.live_requests() == 0
     # Refused before admission: the one request a minute is still there.
