@@ -10,7 +10,6 @@ capacity between models.
 from __future__ import annotations
 
 import heapq
-import itertools
 from collections.abc import Callable, Sequence
 from operator import attrgetter
 
@@ -64,6 +63,8 @@ class Scheduler:
          among the models with prefill work, max-min fair (``shares``), so one
          model's long prompt or burst never holds a step while another model's
          request waits; each model spends its share on its running chunks first.
+         With a step budget, a step that admits another model's request keeps each
+         model's running chunks to the budget's least (first tokens first).
       6. Admissions in the decision's order: waiting requests get blocks and a first
          prefill chunk from their model's share; rotary requests are swapped in (their
          H2D overlaps this step's forward pass). A request that does not fit stops its
@@ -268,10 +269,15 @@ class Scheduler:
             tokens = min(tokens, max(budget.min_tokens, budget.tokens - num_decodes))
         # Prefill tokens are shared fairly by model: one model's long prompt or burst
         # does not hold a step while another's request waits (see ``shares``).
-        left = fair_shares(self._prefill_demand(prefills, admit), tokens)
+        running, waiting = self._prefill_demand(prefills, admit)
+        demand = {m: running.get(m, 0) + waiting.get(m, 0) for m in running | waiting}
+        left = fair_shares(demand, tokens)
         for r in prefills:
-            if r.state is RUNNING and left[r.model] > 0:
-                left[r.model] -= self._add_chunk(plan, r, left[r.model])
+            room = min(left.get(r.model, 0), running.get(r.model, 0))
+            if r.state is RUNNING and room > 0:
+                chunk = self._add_chunk(plan, r, room)
+                left[r.model] -= chunk
+                running[r.model] -= chunk
 
         num_running = self.num_running
         stopped: set[str] = set()
@@ -518,15 +524,30 @@ class Scheduler:
         r.num_computed_tokens = 0
         q.move(r, WAITING)
 
-    @staticmethod
-    def _prefill_demand(prefills: list[Request], admit: list[Request]) -> dict[str, int]:
+    def _prefill_demand(
+        self, prefills: list[Request], admit: list[Request]
+    ) -> tuple[dict[str, int], dict[str, int]]:
         """Prefill tokens each model could batch this step: its running prompts' pending
-        tokens and those of its waiting requests the policy admits."""
-        demand: dict[str, int] = {}
-        for r in itertools.chain(prefills, admit):
-            if r.state is RUNNING or r.state is WAITING:
-                demand[r.model] = demand.get(r.model, 0) + r.num_pending_tokens
-        return demand
+        tokens, and those of its waiting requests the policy admits. With a step budget,
+        first tokens go first: while another model has a request waiting to be admitted,
+        a model's running prompts take at most the budget's least chunk, so the step that
+        admits that request stays short (its first token comes one short step after it
+        was admitted, not after a full chunk of someone's long prompt); the long prompts
+        still progress every step."""
+        running: dict[str, int] = {}
+        waiting: dict[str, int] = {}
+        for r in prefills:
+            if r.state is RUNNING:
+                running[r.model] = running.get(r.model, 0) + r.num_pending_tokens
+        for r in admit:
+            if r.state is WAITING:
+                waiting[r.model] = waiting.get(r.model, 0) + r.num_pending_tokens
+        if self.step_budget is not None:
+            least = self.step_budget.min_tokens
+            for m in running:
+                if any(other != m for other in waiting):
+                    running[m] = min(running[m], least)
+        return running, waiting
 
     def _admit(self, r: Request, plan: StepPlan, now: float, tokens: int) -> int | None:
         """Bring ``r`` onto the device; the batch tokens it took, or None if it did not fit."""

@@ -5,10 +5,33 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from shunter.engine.config import SloSpec
+from shunter.engine.core import EngineCore
+from shunter.engine.plan import StepPlan, StepResult
 from shunter.engine.request import Request, RequestState
 from shunter.engine.sched.policy import PolicyInput
+from tests.engine.fakes import FakeExecutor
 
 SLO = SloSpec("paper", ttft_s=5.0, tbt_s=0.1, alpha=3.0, beta_b=0.0, beta_f=0.5)
+
+# A device whose step costs a fixed overhead plus a cost per batched token.
+OVERHEAD_S, PER_TOKEN_S = 0.004, 1e-4
+
+
+def linear_step_s(num_tokens: int) -> float:
+    return OVERHEAD_S + PER_TOKEN_S * num_tokens
+
+
+def timed_linearly(core: EngineCore) -> None:
+    """Make the core's fake executor take ``linear_step_s(tokens)`` per step."""
+    executor = core.executor
+    assert isinstance(executor, FakeExecutor)
+    execute = executor.execute
+
+    def run(plan: StepPlan) -> StepResult:
+        executor.dt = linear_step_s(plan.num_batch_tokens)
+        return execute(plan)
+
+    executor.execute = run  # type: ignore[method-assign]
 
 
 class Book:

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from shunter.engine.sched.shares import fair_shares
 from tests.engine.fakes import TINY, make_core, request, tiny_config
+from tests.engine.sched.helpers import timed_linearly
 
 OTHER = dataclasses.replace(TINY, name="other")
 
@@ -68,3 +69,25 @@ def test_a_long_prompt_of_one_model_does_not_hold_back_another_models_request(
     chunks = {e.request_id: e.num_tokens for e in plan.batch}
     assert chunks == {"long": 60, "quick": 4}
     assert quick.num_output_tokens == 1 and long.num_output_tokens == 0
+
+
+def test_with_a_step_budget_the_step_that_admits_another_models_request_stays_short() -> None:
+    config = tiny_config(kv_blocks=1200, models=(TINY, OTHER), max_batch_tokens=4096)
+    scheduler = dataclasses.replace(config.scheduler, step_target_s=0.05)
+    core, _ = make_core(dataclasses.replace(config, scheduler=scheduler))
+    timed_linearly(core)
+    long = request("long", 2000, 1)
+    core.add_request(long)
+    for _ in range(2):
+        core.step()
+    quick = request("quick", 4, 2, t_arr=core.clock.now(), model="other")
+    core.add_request(quick)
+    plans = []
+    for _ in range(2):
+        core.step()
+        plans.append({e.request_id: e.num_tokens for e in core.executor.plans[-1].batch})  # type: ignore[attr-defined]
+    least = core.scheduler.step_budget.min_tokens  # type: ignore[union-attr]
+    assert plans[0] == {"long": least, "quick": 4}
+    # Its first token came with that short step; now it decodes, and the prompt takes
+    # its whole budget again.
+    assert plans[1]["quick"] == 1 and plans[1]["long"] > least

@@ -8,25 +8,20 @@ import dataclasses
 import pytest
 
 from shunter.engine.core import EngineCore
-from shunter.engine.plan import StepPlan, StepResult
+from shunter.engine.plan import StepPlan
 from shunter.engine.sched.step_budget import StepBudget
-from tests.engine.fakes import FakeExecutor, make_core, request, tiny_config
-
-OVERHEAD_S, PER_TOKEN_S = 0.004, 1e-4
-
-
-def _linear(n: int) -> float:
-    return OVERHEAD_S + PER_TOKEN_S * n
+from tests.engine.fakes import make_core, request, tiny_config
+from tests.engine.sched.helpers import OVERHEAD_S, PER_TOKEN_S, linear_step_s, timed_linearly
 
 
 def test_the_budget_fits_the_target_from_a_linear_step_cost() -> None:
     budget = StepBudget(0.05, max_tokens=8192)
     for n in [1, 2, 300, 1, 120, 1, 1, 256, 64, 1] * 3:
-        budget.observe(n, _linear(n))
+        budget.observe(n, linear_step_s(n))
     assert budget.overhead_s == pytest.approx(OVERHEAD_S, rel=1e-6)
     assert budget.per_token_s == pytest.approx(PER_TOKEN_S, rel=1e-6)
     assert abs(budget.tokens - 460) <= 1  # (0.05 - OVERHEAD_S) / PER_TOKEN_S
-    assert _linear(budget.tokens) <= 0.05 + 1e-9
+    assert linear_step_s(budget.tokens) <= 0.05 + 1e-9
 
 
 def test_before_any_step_and_at_the_bounds() -> None:
@@ -45,36 +40,23 @@ def test_before_any_step_and_at_the_bounds() -> None:
 def test_steps_of_one_size_count_their_whole_cost_per_token() -> None:
     budget = StepBudget(0.05, max_tokens=8192)
     for _ in range(20):
-        budget.observe(100, _linear(100))
+        budget.observe(100, linear_step_s(100))
     # Overhead and per-token cost cannot be told apart: the budget errs small.
     assert budget.overhead_s == 0.0
-    assert budget.per_token_s == pytest.approx(_linear(100) / 100)
-    assert _linear(budget.tokens) <= 0.05
+    assert budget.per_token_s == pytest.approx(linear_step_s(100) / 100)
+    assert linear_step_s(budget.tokens) <= 0.05
 
 
 def test_the_budget_follows_a_device_that_slows_down() -> None:
     budget = StepBudget(0.05, max_tokens=8192)
     sizes = [1, 50, 200, 400]
     for n in sizes * 5:
-        budget.observe(n, _linear(n))
+        budget.observe(n, linear_step_s(n))
     before = budget.tokens
     for n in sizes * 10:
-        budget.observe(n, 3 * _linear(n))
+        budget.observe(n, 3 * linear_step_s(n))
     assert budget.tokens < before / 2
-    assert 3 * _linear(budget.tokens) <= 0.05 * 1.01
-
-
-def _timed(core: EngineCore) -> None:
-    """Make the core's fake executor take ``_linear(tokens)`` per step."""
-    executor = core.executor
-    assert isinstance(executor, FakeExecutor)
-    execute = executor.execute
-
-    def run(plan: StepPlan) -> StepResult:
-        executor.dt = _linear(plan.num_batch_tokens)
-        return execute(plan)
-
-    executor.execute = run  # type: ignore[method-assign]
+    assert 3 * linear_step_s(budget.tokens) <= 0.05 * 1.01
 
 
 def _long_prompt_beside_a_decode(step_target_s: float | None) -> tuple[EngineCore, list[StepPlan]]:
@@ -83,7 +65,7 @@ def _long_prompt_beside_a_decode(step_target_s: float | None) -> tuple[EngineCor
     config = tiny_config(kv_blocks=600, max_batch_tokens=4096)
     scheduler = dataclasses.replace(config.scheduler, step_target_s=step_target_s)
     core, _ = make_core(dataclasses.replace(config, scheduler=scheduler))
-    _timed(core)
+    timed_linearly(core)
     chat, long = request("chat", 8, 200), request("long", 2000, 1)
     core.add_request(chat)
     while chat.num_output_tokens < 2:
@@ -104,7 +86,7 @@ def test_a_long_prompt_is_chunked_within_the_step_target_and_decodes_run_between
     # Every step of the prompt also gave the decoding request its next token.
     assert all(any(e.request_id == "chat" and e.samples for e in p.batch) for p in plans)
     # Once the cost is measured, no step runs over the target.
-    assert all(_linear(p.num_batch_tokens) <= target for p in plans[2:])
+    assert all(linear_step_s(p.num_batch_tokens) <= target for p in plans[2:])
     assert core.scheduler.step_tokens < 4096
 
 
