@@ -18,6 +18,7 @@ from django.db import models
 
 from shunter.engine.config import ModelSpec, SloSpec
 from shunter.engine.exec.hf_config import model_spec_from_config
+from shunter.engine.server.tokens import TOKEN_PATTERN, TOKEN_RULE
 
 # A served model name is a path segment of /models/<name>/v1/ and the OpenAI "model" field.
 served_name_validator = RegexValidator(
@@ -106,12 +107,9 @@ class SloClass(models.Model):
         }
 
 
-# An engine token travels in an HTTP header (``Authorization: Bearer TOKEN``), which
-# holds Latin-1 at most and, for a bearer token, no spaces: visible ASCII only.
+# The engine's own rule (``engine.server.tokens``): the token goes in an HTTP header.
 engine_token_validator = RegexValidator(
-    r"^[!-~]*\Z",
-    "Use printable ASCII characters without spaces: the token is sent in an HTTP header.",
-    code="invalid_engine_token",
+    TOKEN_PATTERN, f"Use {TOKEN_RULE}.", code="invalid_engine_token"
 )
 
 ENGINE_TOKEN_PURPOSE = b"shunter.platform.Node.engine_token:"

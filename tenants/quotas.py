@@ -269,15 +269,6 @@ class QuotaLimiter(ABC):
         give back its lease and replace its reservation by ``tokens``."""
         await self._count(tenant, admission.lease, tokens - admission.reserved, admission.at)
 
-    async def release(self, tenant: str, lease: str) -> None:
-        """Give back a concurrency lease (no-op if it is gone)."""
-        await self._count(tenant, lease, 0, self.clock())
-
-    async def record_tokens(self, tenant: str, tokens: int) -> None:
-        """Count ``tokens`` (not reserved) against the current tokens-per-minute window
-        and budget periods."""
-        await self._count(tenant, None, tokens, self.clock())
-
     @abstractmethod
     async def _count(self, tenant: str, lease: str | None, tokens: int, at: float) -> None:
         """Give back ``lease`` (when set) and add ``tokens`` (negative: give back) to the

@@ -256,17 +256,11 @@ def request_record_create(
     tenant's when set, else the deployment's). Requests that reached no deployment are
     recorded but not rolled up (rollups are per deployment).
 
-    ``record_key`` (the idempotency key; a new one when not given): when a record with
-    that key exists already, it is returned and nothing is added. Two writers racing
-    with one key: the second fails on the key's unique constraint, inside its own
-    transaction, so its rollup is not added either.
+    ``record_key`` (the idempotency key; a new one when not given): a record whose key
+    is written already fails on the key's unique constraint (IntegrityError), and the
+    caller's transaction, which holds the rollup too, adds nothing
+    (``gateway.proxy.write_records`` takes that as written).
     """
-    if record_key is not None:
-        existing: RequestRecord | None = RequestRecord.objects.filter(
-            record_key=record_key
-        ).first()
-        if existing is not None:
-            return existing
     ttft_met, tbt_met = slo_flags(
         slo=request_slo_class(tenant, deployment),
         status=status,
@@ -297,7 +291,7 @@ def request_record_create(
         error_type=error_type,
         http_status=http_status,
     )
-    # The key's uniqueness is the constraint's to enforce (checked above already).
+    # The key's uniqueness is the constraint's to enforce, at the insert.
     record.full_clean(exclude=["tenant", "api_key", "deployment", "record_key"])
     record.save()
     if deployment is not None:

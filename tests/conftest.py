@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,6 +56,31 @@ def database_down() -> Iterator[None]:
     finally:
         connection.settings_dict["PORT"] = port
         close_connections()
+
+
+class Process:
+    """A subprocess with its output in a log file."""
+
+    def __init__(self, command: list[str], env: dict[str, str], log: Path) -> None:
+        self.log = log
+        self.handle = log.open("wb")
+        self.proc = subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=self.handle, stderr=subprocess.STDOUT
+        )
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.handle.close()
+
+    def output(self) -> str:
+        self.handle.flush()
+        return self.log.read_text(errors="replace")
 
 
 @pytest.fixture

@@ -207,7 +207,7 @@ class TorchEngine:
         self.arena = DeviceArena(config.num_pages, config.page_bytes, device)
         self.device, self.dtype = device, dtype
         prepared = {
-            name: prepare_model(name, path, config, device, dtype, timing=False)
+            name: prepare_model(name, path, config, device, dtype, timing=config.remap.enabled)
             for name, path in models.items()
         }
         device_kv = {name: self.arena.kv_cache(p.kv_shape, p.dtype) for name, p in prepared.items()}
@@ -216,7 +216,7 @@ class TorchEngine:
         self.packed = {name: p.packed for name, p in prepared.items()}
         timings = None
         if config.remap.enabled:
-            timings = {name: measure_timing(p, device) for name, p in self.packed.items()}
+            timings = {name: p.timing for name, p in prepared.items() if p.timing is not None}
         self.core = EngineCore(
             config, self.executor, self.transfers, MonotonicClock(), timings=timings
         )

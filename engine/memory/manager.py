@@ -520,17 +520,19 @@ class KVMemory(Relocation):
 
     # -- internals -------------------------------------------------------------------------
     def _lendable_bytes(self, spec: ModelSpec) -> int:
-        """Weight bytes of the model that remapping may lend to the KV cache."""
-        if not self._remap.enabled:
-            return 0
+        """Weight bytes of a model that remapping may lend to the KV cache (its frames up
+        to the cap)."""
         frame_bytes = pages_for(spec.layer_bytes, self.arena.page_bytes) * self.arena.page_bytes
-        return math.floor(self._remap.cap_fraction * spec.num_layers) * frame_bytes
+        return self._lendable(spec.num_layers, frame_bytes)
 
     def _lendable_bytes_of(self, model: str) -> int:
+        """``_lendable_bytes`` of a placed model, from its layout."""
+        return self._lendable(len(self.weights[model].layers), self.frame_bytes(model))
+
+    def _lendable(self, num_layers: int, frame_bytes: int) -> int:
         if not self._remap.enabled:
             return 0
-        layers = len(self.weights[model].layers)
-        return math.floor(self._remap.cap_fraction * layers) * self.frame_bytes(model)
+        return math.floor(self._remap.cap_fraction * num_layers) * frame_bytes
 
     def _claim_limit(self, pool: BlockPool) -> Callable[[], int]:
         def limit() -> int:

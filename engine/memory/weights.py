@@ -31,47 +31,28 @@ def pages_for(num_bytes: int, page_bytes: int) -> int:
     return -(-num_bytes // page_bytes)
 
 
-def place_weights(arena: Arena, models: Sequence[ModelSpec]) -> dict[str, WeightLayout]:
-    """Place every model's weights from the top of an empty arena downwards.
-
-    Weights go to the top so the KV slabs grow from page 0 in one contiguous region.
-    Raises ValueError when the arena cannot hold them all.
-    """
-    needed = sum(
-        pages_for(m.layer_bytes, arena.page_bytes) * m.num_layers
-        + pages_for(m.embedding_params * m.dtype_bytes, arena.page_bytes)
-        for m in models
-    )
-    if needed > arena.num_free_pages or arena.num_free_pages != arena.num_pages:
-        raise ValueError(
-            f"weights need {needed} pages of {arena.page_bytes} bytes; "
-            f"the arena has {arena.num_free_pages} free of {arena.num_pages}"
-        )
-    top = arena.num_pages
-    layouts: dict[str, WeightLayout] = {}
-
-    def take(num_bytes: int, owner: PageOwner) -> range:
-        nonlocal top
-        run = range(top - pages_for(num_bytes, arena.page_bytes), top)
-        arena.convert(run, FREE, owner)
-        top = run.start
-        return run
-
-    for m in models:
-        other = take(m.embedding_params * m.dtype_bytes, PageOwner.weights(m.name, None))
-        layers = tuple(
-            take(m.layer_bytes, PageOwner.weights(m.name, i)) for i in range(m.num_layers)
-        )
-        layouts[m.name] = WeightLayout(m.name, layers, other)
-    return layouts
-
-
 def weight_pages(model: ModelSpec, page_bytes: int) -> int:
     """Pages a model's weights take: each decoder layer in whole pages of its own, and
     the embeddings, head and final norm in one run."""
     return pages_for(model.layer_bytes, page_bytes) * model.num_layers + pages_for(
         model.embedding_params * model.dtype_bytes, page_bytes
     )
+
+
+def place_weights(arena: Arena, models: Sequence[ModelSpec]) -> dict[str, WeightLayout]:
+    """Place every model's weights from the top of an empty arena downwards.
+
+    Weights go to the top so the KV slabs grow from page 0 in one contiguous region (on
+    an empty arena ``place_model``'s highest free run is just below the last one).
+    Raises ValueError when the arena cannot hold them all.
+    """
+    needed = sum(weight_pages(m, arena.page_bytes) for m in models)
+    if needed > arena.num_free_pages or arena.num_free_pages != arena.num_pages:
+        raise ValueError(
+            f"weights need {needed} pages of {arena.page_bytes} bytes; "
+            f"the arena has {arena.num_free_pages} free of {arena.num_pages}"
+        )
+    return {m.name: place_model(arena, m) for m in models}
 
 
 def place_model(arena: Arena, model: ModelSpec) -> WeightLayout:

@@ -152,6 +152,7 @@ def engine_token(ns: argparse.Namespace) -> str | None:
     import logging
 
     from shunter.engine.server.settings import SettingsError
+    from shunter.engine.server.tokens import TOKEN_RULE, is_header_token
 
     log = logging.getLogger("shunter.engine.server")
     token: str
@@ -179,11 +180,8 @@ def engine_token(ns: argparse.Namespace) -> str | None:
             OPEN_ROUTES,
         )
         return None
-    if not all("!" <= c <= "~" for c in token):
-        raise SettingsError(
-            "the engine token must be printable ASCII without spaces (it is sent in an "
-            "HTTP header)"
-        )
+    if not is_header_token(token):
+        raise SettingsError(f"the engine token must be {TOKEN_RULE}")
     return token
 
 

@@ -18,7 +18,6 @@ import dataclasses
 import json
 import math
 import time
-import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -195,21 +194,16 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
                 params = dataclasses.replace(params, seed=(params.seed + i) % 2**63)
             streams.append(Stream(index, name, prompt, params, slo, sink, loop, t_arr, tenant))
             choices.append(_Choice(index, len(prompt)))
-    # PUT /admin/deployments may replace state.loop meanwhile; a weak reference, so a
-    # reload can free the old engine while this handler still writes its last chunks.
     engine_loop = state.loop
     engine_loop.submit(streams)
-    loop_ref = weakref.ref(engine_loop)
-    del engine_loop
     try:
         if gen.stream:
             return await _stream(request, call, gen, choices, sink)
         return await _collect(call, gen, choices, sink, streams, clock)
     finally:
-        if (running := loop_ref()) is not None:
-            for stream, c in zip(streams, choices, strict=True):
-                if c.finish_reason is None:
-                    running.abort(stream)
+        for stream, c in zip(streams, choices, strict=True):
+            if c.finish_reason is None:
+                engine_loop.abort(stream)
 
 
 async def _deltas(

@@ -21,11 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from shunter.engine.server.protocol import COMPLETIONS_DEFAULT_MAX_TOKENS
 from shunter.platform.gateway.errors import bad_request
 
 PROMPT_MARGIN = 8
 MESSAGE_MARGIN = 8
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -49,8 +49,12 @@ def _positive_int(value: Any) -> int | None:
     return None
 
 
+def _utf8_bytes(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
 def _text_tokens(text: str) -> int:
-    return len(text.encode("utf-8", "surrogatepass")) + PROMPT_MARGIN
+    return _utf8_bytes(text) + PROMPT_MARGIN
 
 
 def _prompts(body: dict[str, Any]) -> list[int]:
@@ -79,7 +83,7 @@ def _message_tokens(messages: Any) -> int:
                 p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
             )
         text = content if isinstance(content, str) else ""
-        total += len(text.encode("utf-8", "surrogatepass")) + MESSAGE_MARGIN
+        total += _utf8_bytes(text) + MESSAGE_MARGIN
     return total
 
 

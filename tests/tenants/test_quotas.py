@@ -110,8 +110,8 @@ async def test_concurrency_leases_are_given_back_or_lapse(
     third = await quotas.admit("t", limits, lease())
     assert third.refused == "concurrency" and third.lease is None
     assert third.headers()["Retry-After"] == "1"
-    await quotas.release("t", first.lease)
-    await quotas.release("t", first.lease)  # twice is harmless
+    await quotas.settle("t", first, 0)
+    await quotas.settle("t", first, 0)  # twice is harmless
     fourth = await quotas.admit("t", limits, lease())
     assert fourth.admitted
     assert not (await quotas.admit("t", limits, lease())).admitted
@@ -128,10 +128,10 @@ async def test_tokens_per_minute_refuse_until_the_next_window(
     clock.now += 20
     first = await quotas.admit("t", limits, lease())
     assert first.admitted and first.headers()["x-ratelimit-remaining-tokens"] == "100"
-    await quotas.record_tokens("t", 60)
+    await quotas.settle("t", first, 60)
     second = await quotas.admit("t", limits, lease())
     assert second.admitted and second.headers()["x-ratelimit-remaining-tokens"] == "40"
-    await quotas.record_tokens("t", 45)
+    await quotas.settle("t", second, 45)
     refused = await quotas.admit("t", limits, lease())
     assert refused.refused == "tokens" and refused.retry_after_s == pytest.approx(40)
     assert refused.headers()["x-ratelimit-remaining-tokens"] == "0"
@@ -146,10 +146,12 @@ async def test_a_spent_budget_refuses_until_the_period_ends(
 ) -> None:
     quotas, clock = limiter
     limits = Limits(token_budget=50, budget_period=period, rpm=1000)
-    assert (await quotas.admit("t", limits, lease())).admitted
-    await quotas.record_tokens("t", 30)
-    assert (await quotas.admit("t", limits, lease())).admitted
-    await quotas.record_tokens("t", 30)  # overshoots: the request was already running
+    first = await quotas.admit("t", limits, lease())
+    assert first.admitted
+    await quotas.settle("t", first, 30)
+    second = await quotas.admit("t", limits, lease())
+    assert second.admitted
+    await quotas.settle("t", second, 30)  # overshoots: the request was already running
     refused = await quotas.admit("t", limits, lease())
     assert refused.refused == "budget" and refused.error_code == "insufficient_quota"
     assert refused.budget_used == 60 and "50 tokens per " + period in refused.message()
@@ -164,7 +166,8 @@ async def test_a_spent_budget_refuses_until_the_period_ends(
 async def test_budget_periods_count_separately(limiter: tuple[QuotaLimiter, Clock]) -> None:
     quotas, clock = limiter
     clock.now -= 86400  # 2031-01-30 23:59: the day ends, the month goes on
-    await quotas.record_tokens("t", 40)
+    spent = await quotas.admit("t", Limits(), lease())
+    await quotas.settle("t", spent, 40)
     clock.now += 60
     day, month = Limits(token_budget=40), Limits(token_budget=40, budget_period="month")
     assert (await quotas.admit("t", day, lease())).admitted

@@ -6,20 +6,18 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from shunter.engine.server.cli import engine_token
+from shunter.engine.server.cli import TOKEN_ENV, engine_token
 from shunter.engine.server.settings import SettingsError
 from shunter.platform.cli import build_parser
-from tests.conftest import REPO, VENV_BIN, free_port
+from tests.conftest import VENV_BIN, Process, free_port
 from tests.engine.server.conftest import request
+from tests.waiting import wait_for
 
-TOKEN_ENV = "SHUNTER_ENGINE_TOKEN"
 OPEN_WARNING = "no engine token"
 
 
@@ -87,38 +85,24 @@ def test_token_and_token_file_exclude_each_other(tmp_path: Path) -> None:
         token_of("--token", "a", "--token-file", str(tmp_path / "token"))
 
 
-class Engine:
+class Engine(Process):
     """``shunter engine`` on CPU serving tiny-llama, with ``args``; ``$SHUNTER_ENGINE_TOKEN``
     unset."""
 
     def __init__(self, model_dir: Path, log: Path, *args: str) -> None:
         self.url = f"http://127.0.0.1:{free_port()}"
-        self.log = log
         command = [str(VENV_BIN / "shunter"), "engine", "--device", "cpu", "--kv-tokens", "4096"]
         command += ["--port", self.url.rsplit(":", 1)[1], "--model", f"llama={model_dir}", *args]
         env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV} | {"OMP_NUM_THREADS": "1"}
-        with log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT
-            )
-        deadline = time.monotonic() + 180
-        while not self._healthy():
-            assert self.proc.poll() is None, f"the engine exited:\n{self.output()}"
-            assert time.monotonic() < deadline, f"the engine did not come up:\n{self.output()}"
-            time.sleep(0.1)
+        super().__init__(command, env, log)
+        wait_for(self._healthy, 180, "the engine to come up", interval=0.1, detail=self.output)
 
     def _healthy(self) -> bool:
+        assert self.proc.poll() is None, f"the engine exited:\n{self.output()}"
         try:
             return request("GET", self.url + "/health").status_code == 200
         except OSError:
             return False
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=60)
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -20,6 +20,7 @@ from shunter.engine.server.models import ModelArg
 from shunter.engine.server.serve import build_state
 from shunter.engine.server.settings import EngineSettings
 from tests.engine.server.conftest import TOKEN, Reply, ServerThread, assert_no_leaks, request
+from tests.waiting import wait_for
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -28,13 +29,6 @@ def _timed_get(server: ServerThread, path: str) -> tuple[Reply, float]:
     t0 = time.perf_counter()
     reply = request("GET", server.url + path, headers=AUTH)
     return reply, time.perf_counter() - t0
-
-
-def _wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "the condition never held"
-        time.sleep(0.02)
 
 
 def _hold_engine_thread(server: ServerThread) -> tuple[threading.Event, threading.Event]:
@@ -76,15 +70,25 @@ def test_health_reports_a_loop_busy_past_its_stall_limit(server: ServerThread) -
     try:
         _, release = _hold_engine_thread(server)
         try:
-            _wait_for(lambda: request("GET", server.url + "/health").status_code == 503)
+            wait_for(
+                lambda: request("GET", server.url + "/health").status_code == 503,
+                30,
+                "/health to report the stall",
+                interval=0.02,
+            )
             reply = request("GET", server.url + "/health")
             assert reply.json()["status"] == "stalled" and reply.json()["snapshot_age_s"] > 0.3
             assert request("GET", server.url + "/admin/state", headers=AUTH).json()["stalled"]
         finally:
             release.set()
-        _wait_for(lambda: request("GET", server.url + "/health").status_code == 200)
+        wait_for(
+            lambda: request("GET", server.url + "/health").status_code == 200,
+            30,
+            "/health to recover",
+            interval=0.02,
+        )
         # Waiting idle is no stall, however old the snapshot.
-        _wait_for(lambda: loop.snapshot.age_s() > 0.4)
+        wait_for(lambda: loop.snapshot.age_s() > 0.4, 30, "an old snapshot", interval=0.02)
         assert request("GET", server.url + "/health").json()["status"] == "ok"
     finally:
         loop.stall_after_s = limit

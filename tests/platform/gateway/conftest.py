@@ -28,7 +28,7 @@ from shunter.engine.exec.model_init import init_model_dir, preset_config
 from shunter.platform.models import Deployment, Model, Node, SloClass
 from shunter.tenants.models import ApiKey, RequestRecord, Tenant
 from shunter.tenants.services import api_key_create, tenant_create
-from tests.conftest import REPO, VENV_BIN, free_port
+from tests.conftest import VENV_BIN, Process, free_port
 
 ENGINE_TOKEN = "engine-token-for-tests"
 REDIS_URL = os.environ.get("REDIS_URL", "")
@@ -88,31 +88,6 @@ def get(url: str, *, headers: dict[str, str] | None = None) -> Reply:
 
 def bearer(secret: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {secret}"}
-
-
-class Process:
-    """A subprocess with its output in a log file."""
-
-    def __init__(self, command: list[str], env: dict[str, str], log: Path) -> None:
-        self.log = log
-        self.handle = log.open("wb")
-        self.proc = subprocess.Popen(
-            command, cwd=REPO, env=env, stdout=self.handle, stderr=subprocess.STDOUT
-        )
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.handle.close()
-
-    def output(self) -> str:
-        self.handle.flush()
-        return self.log.read_text(errors="replace")
 
 
 class Engine(Process):
