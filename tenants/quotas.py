@@ -6,7 +6,8 @@ A request asks for ``sequences`` (prompts x ``n``: what the engine runs at once)
 Semantics (both limiters implement exactly these):
 
 - **Requests per minute**: a sliding window. A request is admitted while fewer than
-  ``rpm`` requests were admitted in the last 60 s; refused requests do not count.
+  ``rpm`` requests were admitted in the last 60 s; refused requests do not count, nor
+  do requests settled with ``refund`` (they failed before the engine accepted them).
 - **Tokens per minute**: fixed windows of 60 s aligned to the epoch minute. Admission
   reserves ``reserve`` tokens in the window of the admission; when the response ends
   (``settle``) the reservation is replaced by the tokens used (prompt plus completion),
@@ -14,8 +15,10 @@ Semantics (both limiters implement exactly these):
   ``tpm`` tokens and its reservation fits what is left (``used + reserve <= tpm``).
 - **Concurrent sequences**: a lease per admitted request weighing its ``sequences``,
   given back when it ends; a request is admitted while the leases' weights plus its
-  own stay within ``concurrency``. A lease never given back (a crashed gateway) lapses
-  after ``lease_ttl_s`` (the safety net).
+  own stay within ``concurrency``. A lease lives ``lease_ttl_s`` (``LEASE_TTL_S``, 30 s)
+  and the running request renews it every quarter of that (``LeaseHold``), so a lease
+  never given back (a crashed gateway, a settle that never got through) lapses at most
+  ``lease_ttl_s`` after its request ended, however long requests may run.
 - **Token budget**: tokens counted per UTC day and month (reserved, then settled, in
   the periods of the admission); a request is admitted while the period has used fewer
   than ``token_budget`` and its reservation fits what is left. The estimate of a prompt
@@ -31,13 +34,16 @@ With Redis (``REDIS_URL``) every check-and-increment is ONE Lua script, so gatew
 many processes never over-admit; without it (the embedded default, one process) an
 in-process limiter under a lock does the same. When Redis cannot be reached the Redis
 limiter raises ``QuotaUnavailable`` (callers fail closed) and logs one line at most every
-``UNAVAILABLE_LOG_S`` seconds, without a traceback.
+``UNAVAILABLE_LOG_S`` seconds, without a traceback. A settle that fails so is retried in
+the background with backoff (``LeaseHold.release``) for as long as its lease would live;
+then the lease has lapsed on its own and only the token correction is lost.
 """
 
 from __future__ import annotations
 
 import asyncio
 import calendar
+import contextlib
 import logging
 import math
 import threading
@@ -45,10 +51,10 @@ import time
 import weakref
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 if TYPE_CHECKING:
     import redis.asyncio
@@ -56,7 +62,13 @@ if TYPE_CHECKING:
     from shunter.tenants.models import Tenant
 
 WINDOW_S = 60.0
-LEASE_TTL_S = 900.0  # longer than any request the gateway lets run
+# A running request renews its lease every LEASE_TTL_S / 4: a renewal lost to a Redis
+# hiccup (a 5 s socket timeout, tried twice) leaves time for the next, and a lease whose
+# request ended without giving it back locks its tenant out for at most this long.
+LEASE_TTL_S = 30.0
+RENEWALS_PER_TTL = 4
+# Backoff of a settle that failed: from the first delay, doubled up to the last.
+SETTLE_RETRY_S = (0.1, 5.0)
 CONCURRENCY_RETRY_S = 1.0
 # At most one "Redis unreachable" line per this many seconds: an outage refuses every
 # request, and a line each would bury the log.
@@ -122,7 +134,8 @@ class Limits:
 class Admission:
     """The answer to one check-and-increment. When admitted, the caller ends it with
     ``settle`` (which gives back ``lease`` when set and replaces the ``reserved`` tokens,
-    counted in the windows of ``at``, by the tokens used). ``refused`` names the limit
+    counted in the windows of ``at``, by the tokens used; a refund also takes ``entry``,
+    its place in the requests-per-minute window, back out). ``refused`` names the limit
     that refused it; ``too_large`` says the request could never be admitted under it.
     ``requests_used`` counts this request when admitted, ``tokens_used`` and
     ``budget_used`` its reservation; the ``*_reset_s`` fields are seconds until the
@@ -136,6 +149,7 @@ class Admission:
     reserved: int = 0
     at: float = 0.0
     lease: str | None = None
+    entry: str | None = None
     retry_after_s: float = 0.0
     requests_used: int = 0
     requests_reset_s: float = 0.0
@@ -264,16 +278,38 @@ class QuotaLimiter(ABC):
     ) -> Admission:
         """``admit`` once the request could fit ``limits`` at all."""
 
-    async def settle(self, tenant: str, admission: Admission, tokens: int) -> None:
+    async def settle(
+        self, tenant: str, admission: Admission, tokens: int, *, refund: bool = False
+    ) -> None:
         """The admitted request ended having used ``tokens`` (prompt plus completion):
-        give back its lease and replace its reservation by ``tokens``."""
-        await self._count(tenant, admission.lease, tokens - admission.reserved, admission.at)
+        give back its lease and replace its reservation by ``tokens``; with ``refund``
+        (it failed before the engine accepted it) it also leaves the requests-per-minute
+        window. Raises ``QuotaUnavailable``."""
+        entry = admission.entry if refund else None
+        await self._count(tenant, admission.lease, tokens - admission.reserved, admission.at, entry)
+
+    async def renew(self, tenant: str, admission: Admission) -> None:
+        """Extend the admitted request's lease to ``lease_ttl_s`` from now; a lease given
+        back or lapsed stays so. Raises ``QuotaUnavailable``."""
+        if admission.lease is not None:
+            await self._renew(tenant, admission.lease, self.clock() + self.lease_ttl_s)
+
+    def hold(self, tenant: str, admission: Admission) -> LeaseHold:
+        """The running request's hold on its admission (started: renewing its lease)."""
+        return LeaseHold(self, tenant, admission)
 
     @abstractmethod
-    async def _count(self, tenant: str, lease: str | None, tokens: int, at: float) -> None:
-        """Give back ``lease`` (when set) and add ``tokens`` (negative: give back) to the
-        tokens-per-minute window and budget periods of the time ``at``; windows and
-        periods already over are left as they are (nothing asks about them again)."""
+    async def _count(
+        self, tenant: str, lease: str | None, tokens: int, at: float, entry: str | None
+    ) -> None:
+        """Give back ``lease`` (when set), take ``entry`` (when set) out of the requests
+        window, and add ``tokens`` (negative: give back) to the tokens-per-minute window
+        and budget periods of the time ``at``; windows and periods already over are left
+        as they are (nothing asks about them again)."""
+
+    @abstractmethod
+    async def _renew(self, tenant: str, lease: str, expiry: float) -> None:
+        """Move ``lease``'s expiry to ``expiry`` if it is still held."""
 
     @abstractmethod
     async def reset(self, tenant: str) -> None:
@@ -283,9 +319,76 @@ class QuotaLimiter(ABC):
         """Close the connections this event loop opened."""
 
 
+class LeaseHold:
+    """An admitted request's admission while it runs and after it ends, the same for
+    every limiter: it renews the lease every ``lease_ttl_s / RENEWALS_PER_TTL`` (a lease
+    lapses ``lease_ttl_s`` after its last renewal) until ``release`` settles it. A settle
+    the store does not take (``QuotaUnavailable``) is retried in the background, with
+    backoff (``SETTLE_RETRY_S``), until it gets through or ``lease_ttl_s`` has passed:
+    by then the lease has lapsed on its own, and the limiter logged the outage."""
+
+    # Renewals and retries, referenced until done (the loop keeps weak references only).
+    _tasks: ClassVar[set[asyncio.Task[None]]] = set()
+
+    def __init__(self, limiter: QuotaLimiter, tenant: str, admission: Admission) -> None:
+        self.limiter = limiter
+        self.tenant = tenant
+        self.admission = admission
+        self._renewing: asyncio.Task[None] | None = None
+        if admission.lease is not None:
+            self._renewing = self._spawn(self._renew_forever())
+
+    @classmethod
+    def _spawn(cls, job: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(job)
+        cls._tasks.add(task)
+        task.add_done_callback(cls._tasks.discard)
+        return task
+
+    async def _renew_forever(self) -> None:
+        every_s = self.limiter.lease_ttl_s / RENEWALS_PER_TTL
+        while True:
+            await asyncio.sleep(every_s)
+            # The limiter logs an outage; the next renewal may get through.
+            with contextlib.suppress(QuotaUnavailable):
+                await self.limiter.renew(self.tenant, self.admission)
+
+    async def release(self, tokens: int, *, refund: bool = False) -> bool:
+        """Stop renewing and settle (``QuotaLimiter.settle``); True when it got through
+        at once, False when it is retried in the background."""
+        if self._renewing is not None:
+            self._renewing.cancel()
+        try:
+            await self.limiter.settle(self.tenant, self.admission, tokens, refund=refund)
+        except QuotaUnavailable:
+            self._spawn(self._settle_later(tokens, refund, self.limiter.clock()))
+            return False
+        return True
+
+    async def _settle_later(self, tokens: int, refund: bool, ended: float) -> None:
+        delay_s, max_s = SETTLE_RETRY_S
+        lapsed = ended + self.limiter.lease_ttl_s  # the last renewal was before the end
+        while (left_s := lapsed - self.limiter.clock()) > 0:
+            await asyncio.sleep(min(delay_s, left_s))
+            try:
+                await self.limiter.settle(self.tenant, self.admission, tokens, refund=refund)
+            except QuotaUnavailable:
+                delay_s = min(2 * delay_s, max_s)
+            else:
+                return
+        log.warning(
+            "tenant %s: a request's quotas were not settled within %g s; its lease "
+            "lapsed, its reservation of %d tokens stays counted",
+            self.tenant,
+            self.limiter.lease_ttl_s,
+            self.admission.reserved,
+        )
+
+
 @dataclass
 class _TenantCounts:
-    admitted: deque[float] = field(default_factory=deque)  # admission times, oldest first
+    # (admission time, entry) of the requests in the window, oldest first
+    admitted: deque[tuple[float, str]] = field(default_factory=deque)
     leases: dict[str, tuple[float, int]] = field(default_factory=dict)  # -> expiry, weight
     tokens: dict[int, int] = field(default_factory=dict)  # minute window -> tokens
     budget: dict[str, int] = field(default_factory=dict)  # period name -> tokens
@@ -308,14 +411,14 @@ class InProcessQuotaLimiter(QuotaLimiter):
         period, budget_reset = budget_period(now, limits.budget_period)
         with self._lock:
             c = self._tenants.setdefault(tenant, _TenantCounts())
-            while c.admitted and c.admitted[0] <= now - WINDOW_S:
+            while c.admitted and c.admitted[0][0] <= now - WINDOW_S:
                 c.admitted.popleft()
             for key in [k for k, (expiry, _) in c.leases.items() if expiry <= now]:
                 del c.leases[key]
             for old in [w for w in c.tokens if w < window]:
                 del c.tokens[old]
             requests = len(c.admitted)
-            requests_reset = c.admitted[0] + WINDOW_S - now if c.admitted else 0.0
+            requests_reset = c.admitted[0][0] + WINDOW_S - now if c.admitted else 0.0
             leased = sum(weight for _, weight in c.leases.values())
             tokens = c.tokens.get(window, 0)
             budget = c.budget.get(period, 0)
@@ -333,9 +436,9 @@ class InProcessQuotaLimiter(QuotaLimiter):
                 refused, retry = "tokens", tokens_reset
             if refused is None:
                 if limits.rpm is not None:
-                    c.admitted.append(now)
+                    c.admitted.append((now, lease))
                     requests += 1
-                    requests_reset = c.admitted[0] + WINDOW_S - now
+                    requests_reset = c.admitted[0][0] + WINDOW_S - now
                 if limits.concurrency is not None:
                     c.leases[lease] = (now + self.lease_ttl_s, sequences)
                 if reserve:
@@ -350,6 +453,7 @@ class InProcessQuotaLimiter(QuotaLimiter):
             reserved=reserve,
             at=now,
             lease=lease if refused is None and limits.concurrency is not None else None,
+            entry=lease if refused is None and limits.rpm is not None else None,
             retry_after_s=retry,
             requests_used=requests,
             requests_reset_s=requests_reset,
@@ -373,14 +477,25 @@ class InProcessQuotaLimiter(QuotaLimiter):
         for old in [p for p in c.budget if p not in current]:
             del c.budget[old]
 
-    async def _count(self, tenant: str, lease: str | None, tokens: int, at: float) -> None:
+    async def _count(
+        self, tenant: str, lease: str | None, tokens: int, at: float, entry: str | None
+    ) -> None:
         now = self.clock()
         with self._lock:
             c = self._tenants.setdefault(tenant, _TenantCounts())
             if lease is not None:
                 c.leases.pop(lease, None)
+            if entry is not None:
+                c.admitted = deque(a for a in c.admitted if a[1] != entry)
             if tokens:
                 self._add(c, tokens, at, now)
+
+    async def _renew(self, tenant: str, lease: str, expiry: float) -> None:
+        with self._lock:
+            c = self._tenants.get(tenant)
+            held = None if c is None else c.leases.get(lease)
+            if c is not None and held is not None and held[0] > self.clock():
+                c.leases[lease] = (expiry, held[1])
 
     async def reset(self, tenant: str) -> None:
         with self._lock:
@@ -472,12 +587,16 @@ return {1, '', requests, tostring(requests_reset), tokens, used, '0'}
 """
 
 # KEYS: leases, lease weights, tokens window, day budget, month budget (of the time the
-# tokens belong to). ARGV: lease ('': none), tokens (negative: given back), and each
-# counter's remaining lifetime (ms; not positive: its window is over, leave it).
+# tokens belong to), requests log. ARGV: lease ('': none), tokens (negative: given
+# back), each counter's remaining lifetime (ms; not positive: its window is over, leave
+# it), and the entry to take out of the requests log ('': none, the request counts).
 _COUNT = """
 if ARGV[1] ~= '' then
   redis.call('ZREM', KEYS[1], ARGV[1])
   redis.call('HDEL', KEYS[2], ARGV[1])
+end
+if ARGV[6] ~= '' then
+  redis.call('ZREM', KEYS[6], ARGV[6])
 end
 local tokens = tonumber(ARGV[2])
 if tokens ~= 0 then
@@ -488,6 +607,18 @@ if tokens ~= 0 then
       redis.call('PEXPIRE', KEYS[i], ttl)
     end
   end
+end
+return 1
+"""
+
+# KEYS: leases, lease weights. ARGV: now, lease, new expiry, the keys' lifetime (ms). A
+# lease given back or lapsed is not taken again.
+_RENEW = """
+local expiry = redis.call('ZSCORE', KEYS[1], ARGV[2])
+if expiry and tonumber(expiry) > tonumber(ARGV[1]) then
+  redis.call('ZADD', KEYS[1], 'XX', ARGV[3], ARGV[2])
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+  redis.call('PEXPIRE', KEYS[2], ARGV[4])
 end
 return 1
 """
@@ -629,6 +760,7 @@ class RedisQuotaLimiter(QuotaLimiter):
             reserved=reserve,
             at=now,
             lease=lease if ok and limits.concurrency is not None else None,
+            entry=lease if ok and limits.rpm is not None else None,
             retry_after_s=float(retry),
             requests_used=int(requests),
             requests_reset_s=float(requests_reset),
@@ -637,12 +769,21 @@ class RedisQuotaLimiter(QuotaLimiter):
             budget_used=int(used),
         )
 
-    async def _count(self, tenant: str, lease: str | None, tokens: int, at: float) -> None:
-        if lease is None and not tokens:
+    async def _count(
+        self, tenant: str, lease: str | None, tokens: int, at: float, entry: str | None
+    ) -> None:
+        if lease is None and entry is None and not tokens:
             return
         keys = [self._key(tenant, "leases"), self._key(tenant, "lease-weights")]
-        keys += self._token_keys(tenant, at)
-        await self._eval(_COUNT, keys, [lease or "", tokens, *self._lifetimes(at, self.clock())])
+        keys += [*self._token_keys(tenant, at), self._key(tenant, "requests")]
+        lifetimes = self._lifetimes(at, self.clock())
+        await self._eval(_COUNT, keys, [lease or "", tokens, *lifetimes, entry or ""])
+
+    async def _renew(self, tenant: str, lease: str, expiry: float) -> None:
+        now = self.clock()
+        keys = [self._key(tenant, "leases"), self._key(tenant, "lease-weights")]
+        lifetime = math.ceil(1000 * (expiry - now)) + 1000
+        await self._eval(_RENEW, keys, [repr(now), lease, repr(expiry), lifetime])
 
     async def reset(self, tenant: str) -> None:
         import redis.exceptions

@@ -25,12 +25,16 @@ the engine held the answer after its first token (engine ``e2e_ms - ttft_ms``). 
 engine without that header (vLLM) TTFT is the end-to-end time and TPOT, max ITL and
 whether it met its TBT target are unknown (None).
 
-When the response ends, however it ends (done, engine failure, client gone), a task
-gives back the concurrency lease, counts the tokens and writes the RequestRecord, off the
-stream's path. Records are written in batches (``RecordWriter``): those that end while
-one batch is being written go together in the next, one transaction on one database
-thread; records the database cannot take (it is unreachable) are spooled to local disk
-and replayed when it answers again (``spool``).
+While the exchange runs it renews its concurrency lease (``LeaseHold``). When the
+response ends, however it ends (done, engine failure, client gone), a task gives back
+the lease and settles the tokens to the usage recorded (retried in the background while
+the quota store is unreachable), then writes the RequestRecord, off the stream's path. A
+request the engine failed before any output (unreachable, refused it with a non-200,
+broke before the first event) is refunded: it leaves the requests-per-minute window.
+Records are written in batches (``RecordWriter``): those that end while one batch is
+being written go together in the next, one transaction on one database thread; records
+of a batch that did not commit (the database unreachable, the commit refused) are
+spooled to local disk and replayed when it answers again (``spool``).
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ from shunter.platform.gateway.replies import Reply, error_reply
 from shunter.platform.gateway.routes import Route
 from shunter.platform.gateway.spool import PendingRecord, RecordSpool, SpoolReplayer
 from shunter.tenants.auth import DATABASE_DOWN, KeyGrant, await_shared, submit_db
-from shunter.tenants.quotas import Admission, LoopLocal, QuotaUnavailable, quota_limiter
+from shunter.tenants.quotas import Admission, LoopLocal, quota_limiter
 
 log = logging.getLogger("shunter.gateway")
 
@@ -197,6 +201,8 @@ class Exchange:
         self.http_status = 200
         self.t_end: float | None = None
         self._finished = False
+        # Renews the concurrency lease until the accounting settles it.
+        self.hold = quota_limiter().hold(str(grant.tenant_id), admission)
 
     # -- forwarding ------------------------------------------------------------------------
     async def forward(self, body: dict[str, Any]) -> Reply:
@@ -471,16 +477,18 @@ class Exchange:
             "http_status": self.http_status,
         }
 
+    @property
+    def failed_before_output(self) -> bool:
+        """The engine failed (unreachable, refused, broke) before any output reached the
+        client: the request is refunded (it does not count as one of the minute's)."""
+        return self.status == "error" and self.timing.first is None
+
     async def _finish(self) -> None:
-        limiter = quota_limiter()
-        tenant = str(self.grant.tenant_id)
         fields = self.record_fields()
         try:
             # Gives back the lease and replaces the reservation by the tokens used.
             tokens = fields["prompt_tokens"] + fields["completion_tokens"]
-            await limiter.settle(tenant, self.admission, tokens)
-        except QuotaUnavailable:
-            pass  # the limiter logged it; the lease lapses, the reservation stays counted
+            await self.hold.release(tokens, refund=self.failed_before_output)
         except Exception:
             log.exception("quota accounting of request %s failed", self.request_id)
         try:
@@ -541,9 +549,15 @@ def write_record(record: PendingRecord) -> None:
     )
 
 
+class NotCommitted(Exception):
+    """A batch of records did not commit (the database unreachable, the commit refused):
+    none of its records was written, and each may be written again later."""
+
+
 def write_records(batch: list[PendingRecord]) -> list[BaseException | None]:
     """Write ``batch`` in one transaction, a savepoint each (a record that fails loses
-    no other); each record's error, or None. A failed commit fails them all."""
+    no other); each record's error, or None. A batch that does not commit fails every
+    record with ``NotCommitted``."""
     from django.db import IntegrityError, transaction
 
     errors: list[BaseException | None] = []
@@ -559,8 +573,14 @@ def write_records(batch: list[PendingRecord]) -> list[BaseException | None]:
                     errors.append(None if _key_taken(record) else e)
                 except Exception as e:
                     errors.append(e)
-    except Exception as e:  # the commit failed: the whole batch is lost
-        errors = [e] * len(batch)
+    except Exception as e:
+        # A deferred constraint fails at the commit (a row deleted after it was cached):
+        # read the rows again before the next try.
+        with _rows_lock:
+            _rows.clear()
+        lost = NotCommitted(f"the batch of {len(batch)} records did not commit: {e!r}")
+        lost.__cause__ = e
+        errors = [lost] * len(batch)
     return errors
 
 
@@ -572,10 +592,12 @@ def _key_taken(record: PendingRecord) -> bool:
 
 def replay_records(batch: list[PendingRecord]) -> None:
     """Write spooled records (``RecordSpool.replay``'s writer): raises when the database
-    is down, so that they stay spooled; a record the database refuses for itself (its
-    data) would be refused on every try, and is dropped with a log line."""
+    is down or the batch did not commit, so that they stay spooled; a record the
+    database refuses for itself (its data) would be refused on every try, and is
+    dropped with a log line."""
     for record, error in zip(batch, write_records(batch), strict=True):
-        if isinstance(error, DATABASE_DOWN):
+        if _is_lost(error):
+            assert error is not None
             raise error
         if error is not None:
             log.error("spooled record %s refused, dropped: %r", record.record_key, error)
@@ -588,10 +610,10 @@ class RecordWriter:
     A request's record costs one commit per batch instead of one each, and one thread
     hop.
 
-    Each record gets its idempotency key when it is queued. Records lost to an
-    unreachable database go to the spool (``GATEWAY_SPOOL_DIR``, see ``spool``) and are
-    replayed in the background when the database answers again; ``start`` replays
-    what an earlier process left there."""
+    Each record gets its idempotency key when it is queued. Records of a batch that did
+    not commit, or that the database could not take (unreachable), go to the spool
+    (``GATEWAY_SPOOL_DIR``, see ``spool``) and are replayed in the background when the
+    database answers again; ``start`` replays what an earlier process left there."""
 
     def __init__(self, spool_dir: Path | None = None) -> None:
         self._lock = threading.Lock()
@@ -655,18 +677,18 @@ class RecordWriter:
         batch: list[tuple[PendingRecord, concurrent.futures.Future[None]]],
         errors: list[BaseException | None],
     ) -> None:
-        """End each record's future: written, spooled (the database was unreachable),
-        or failed with its error."""
-        down = [record for (record, _), e in zip(batch, errors, strict=True) if _is_down(e)]
-        if down:
+        """End each record's future: written, spooled (the database was unreachable or
+        the batch did not commit), or failed with its error."""
+        lost = [(record, e) for (record, _), e in zip(batch, errors, strict=True) if _is_lost(e)]
+        if lost:
             try:
-                self.replayer.spool.append(down)
+                self.replayer.spool.append([record for record, _ in lost])
             except OSError as e:
-                log.error("could not spool %d records: %r", len(down), e)
-                errors = [e if _is_down(error) else error for error in errors]
+                log.error("could not spool %d records: %r", len(lost), e)
+                errors = [e if _is_lost(error) else error for error in errors]
             else:
-                log.warning("database unreachable: %d records spooled", len(down))
-                errors = [None if _is_down(error) else error for error in errors]
+                log.warning("%d records not written, spooled: %r", len(lost), lost[0][1])
+                errors = [None if _is_lost(error) else error for error in errors]
                 self.replayer.soon()
         for (_, written), error in zip(batch, errors, strict=True):
             if error is None:
@@ -675,8 +697,9 @@ class RecordWriter:
                 written.set_exception(error)
 
 
-def _is_down(error: BaseException | None) -> bool:
-    return isinstance(error, DATABASE_DOWN)
+def _is_lost(error: BaseException | None) -> bool:
+    """Whether ``error`` lost a record that a later write may keep (spool it)."""
+    return isinstance(error, (*DATABASE_DOWN, NotCommitted))
 
 
 records = RecordWriter()

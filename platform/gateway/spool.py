@@ -1,10 +1,10 @@
 """The gateway's spool: usage records kept on local disk while the database is down.
 
-When a batch of RequestRecords cannot be written because the database is unreachable,
-its records are appended to a local file, one JSON line each, and fsync'd before the
-request's accounting counts them as kept. They are written to the database when it
-answers again (``SpoolReplayer``: a retry with backoff after the failed write, and one
-at the gateway's start), exactly once: every record carries its idempotency key
+When a batch of RequestRecords cannot be written because the database is unreachable or
+the batch's commit failed, its records are appended to a local file, one JSON line each,
+and fsync'd before the request's accounting counts them as kept. They are written to the
+database when it answers again (``SpoolReplayer``: a retry with backoff after the failed
+write, and one at the gateway's start), exactly once: every record carries its idempotency key
 (``RequestRecord.record_key``) and a record whose key the database holds already is
 skipped, so a crash between the database's commit and the spool's removal bills nothing
 twice.
@@ -106,9 +106,7 @@ class RecordSpool:
 
     def pending(self) -> bool:
         """Whether records wait in the spool."""
-        return any(
-            p.exists() and p.stat().st_size > 0 for p in (self.path, self.replaying_path)
-        )
+        return any(p.exists() and p.stat().st_size > 0 for p in (self.path, self.replaying_path))
 
     def append(self, records: Sequence[PendingRecord]) -> None:
         """Append ``records`` and fsync them (OSError when the disk refuses)."""

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
+import urllib.parse
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 
 import pytest
@@ -15,6 +17,7 @@ import redis.asyncio
 from shunter.tenants.quotas import (
     Admission,
     InProcessQuotaLimiter,
+    LeaseHold,
     Limits,
     QuotaLimiter,
     QuotaUnavailable,
@@ -22,6 +25,7 @@ from shunter.tenants.quotas import (
     budget_period,
 )
 from tests.conftest import free_port
+from tests.faults import FaultyProxy, Mode
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
 # 2031-01-31 23:59:00 UTC: a minute, a day and a month end within the next 60 s.
@@ -293,3 +297,124 @@ async def test_a_killed_redis_connection_is_reopened() -> None:
     assert (await quotas.admit("t", limits, lease())).refused == "concurrency"
     await quotas.reset("t")
     await quotas.aclose()
+
+
+async def test_a_refunded_request_leaves_the_request_window(
+    limiter: tuple[QuotaLimiter, Clock],
+) -> None:
+    quotas, _ = limiter
+    limits = Limits(rpm=2, tpm=100)
+    failed = await quotas.admit("t", limits, lease(), reserve=30)
+    served = await quotas.admit("t", limits, lease(), reserve=30)
+    assert failed.entry and served.entry and failed.entry != served.entry
+    assert (await quotas.admit("t", limits, lease())).refused == "requests"
+    # The engine failed before accepting it: neither the request nor its tokens count.
+    await quotas.settle("t", failed, 0, refund=True)
+    await quotas.settle("t", served, 20)  # settled to what it used, and it counts
+    again = await quotas.admit("t", limits, lease(), reserve=10)
+    assert again.admitted and again.requests_used == 2 and again.tokens_used == 30
+    assert (await quotas.admit("t", limits, lease())).refused == "requests"
+
+
+async def test_a_renewed_lease_outlives_its_ttl_and_a_settled_one_stays_given_back(
+    limiter: tuple[QuotaLimiter, Clock],
+) -> None:
+    quotas, clock = limiter  # lease_ttl_s=120
+    limits = Limits(concurrency=1)
+    running = await quotas.admit("t", limits, lease())
+    clock.now += 100
+    await quotas.renew("t", running)
+    clock.now += 100  # 200 s after its admission, 100 s after its renewal
+    assert (await quotas.admit("t", limits, lease())).refused == "concurrency"
+    clock.now += 21
+    late = await quotas.admit("t", limits, lease())
+    assert late.admitted
+    await quotas.renew("t", running)  # lapsed: not taken again
+    await quotas.settle("t", late, 0)
+    await quotas.renew("t", late)  # given back: not taken again
+    assert (await quotas.admit("t", limits, lease())).admitted
+
+
+def real_clock_limiter(kind: str, url: str, ttl_s: float) -> QuotaLimiter:
+    if kind == "in-process":
+        return InProcessQuotaLimiter(lease_ttl_s=ttl_s)
+    if not REDIS_URL:
+        pytest.skip("REDIS_URL is not set (make test sets it)")
+    return RedisQuotaLimiter(url, prefix=f"test:quota:{uuid.uuid4().hex}", lease_ttl_s=ttl_s)
+
+
+@pytest.mark.parametrize("kind", ["in-process", "redis"])
+async def test_a_held_lease_lives_while_its_request_runs_and_lapses_after(kind: str) -> None:
+    quotas = real_clock_limiter(kind, REDIS_URL, ttl_s=1.0)
+    limits = Limits(concurrency=1)
+    hold = quotas.hold("t", await quotas.admit("t", limits, lease()))
+    deadline = time.monotonic() + 3.5  # three and a half lease lifetimes
+    while time.monotonic() < deadline:
+        assert (await quotas.admit("t", limits, lease())).refused == "concurrency"
+        await asyncio.sleep(0.1)
+    assert await hold.release(0) is True
+    assert (await quotas.admit("t", limits, lease())).admitted
+    await quotas.reset("t")
+    await quotas.aclose()
+
+
+@pytest.fixture
+def redis_proxy() -> Iterator[FaultyProxy]:
+    if not REDIS_URL:
+        pytest.skip("REDIS_URL is not set (make test sets it)")
+    url = urllib.parse.urlsplit(REDIS_URL)
+    proxy = FaultyProxy((url.hostname or "127.0.0.1", url.port or 6379))
+    yield proxy
+    proxy.close()
+
+
+def through(proxy: FaultyProxy) -> str:
+    """REDIS_URL with the proxy's port."""
+    url = urllib.parse.urlsplit(REDIS_URL)
+    return url._replace(netloc=f"127.0.0.1:{proxy.port}").geturl()
+
+
+@pytest.mark.parametrize("fault", ["refuse", "kill", "junk"])
+async def test_a_settle_the_store_missed_is_retried_until_it_gets_through(
+    redis_proxy: FaultyProxy, fault: Mode, caplog: pytest.LogCaptureFixture
+) -> None:
+    prefix = f"test:quota:{uuid.uuid4().hex}"
+    gateway = RedisQuotaLimiter(through(redis_proxy), prefix=prefix, lease_ttl_s=30)
+    direct = RedisQuotaLimiter(REDIS_URL, prefix=prefix, lease_ttl_s=30)
+    limits = Limits(concurrency=1, rpm=1)
+    hold = gateway.hold("t", await gateway.admit("t", limits, lease()))
+    redis_proxy.set(fault)
+    with caplog.at_level(logging.WARNING, logger="shunter.quotas"):
+        assert await hold.release(0, refund=True) is False  # retried in the background
+    assert (await direct.admit("t", limits, lease())).refused == "concurrency"
+    redis_proxy.set("forward")
+    started = time.monotonic()
+    while not (answer := await direct.admit("t", limits, lease())).admitted:
+        assert answer.refused == "concurrency" and time.monotonic() - started < 15
+        await asyncio.sleep(0.05)
+    assert answer.requests_used == 1  # the refund took the first request out too
+    await direct.reset("t")
+    for quotas in (gateway, direct):
+        await quotas.aclose()
+
+
+async def test_a_settle_that_never_gets_through_gives_up_when_its_lease_lapsed(
+    redis_proxy: FaultyProxy, caplog: pytest.LogCaptureFixture
+) -> None:
+    prefix = f"test:quota:{uuid.uuid4().hex}"
+    gateway = RedisQuotaLimiter(through(redis_proxy), prefix=prefix, lease_ttl_s=1.0)
+    direct = RedisQuotaLimiter(REDIS_URL, prefix=prefix, lease_ttl_s=1.0)
+    limits = Limits(concurrency=1)
+    hold = gateway.hold("t", await gateway.admit("t", limits, lease(), reserve=7))
+    redis_proxy.set("refuse")
+    with caplog.at_level(logging.WARNING, logger="shunter.quotas"):
+        assert await hold.release(3) is False
+        retries = [t for t in LeaseHold._tasks if not t.done()]
+        assert retries
+        await asyncio.wait_for(asyncio.gather(*retries), timeout=15)
+    assert "were not settled within 1 s" in caplog.text
+    # The lease lapsed on its own meanwhile.
+    assert (await direct.admit("t", limits, lease())).admitted
+    await direct.reset("t")
+    for quotas in (gateway, direct):
+        await quotas.aclose()

@@ -200,6 +200,7 @@ def _broken_copy(source: Path, dest: Path) -> Path:
     return dest
 
 
+@pytest.mark.expect_log("loading the added models failed")
 def test_a_desired_set_that_fails_to_load_serves_the_previous_set_again(
     srv: ServerThread, model_dirs: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -211,6 +212,7 @@ def test_a_desired_set_that_fails_to_load_serves_the_previous_set_again(
     assert request("GET", srv.url + "/admin/state").json()["reconciling"] is False
 
 
+@pytest.mark.expect_log("loading the added models failed")
 def test_a_kept_model_serves_on_when_an_added_one_fails_to_load(
     model_dirs: dict[str, Path], tmp_path: Path
 ) -> None:

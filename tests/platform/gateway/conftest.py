@@ -3,7 +3,8 @@ and ``shunter web`` (uvicorn, the production settings) on the test database and 
 
 The rows the gateway reads must be committed (the gateway is another process): tests
 run with ``django_db(transaction=True, serialized_rollback=True)`` and make their rows
-through ``world``.
+through ``world``. Every test's logs, and its processes', are checked for exceptions
+(``tests.logcheck``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from shunter.engine.exec.model_init import init_model_dir, preset_config
 from shunter.platform.models import Deployment, Model, Node, SloClass
 from shunter.tenants.models import ApiKey, RequestRecord, Tenant
 from shunter.tenants.services import api_key_create, tenant_create
+from tests import logcheck
 from tests.conftest import VENV_BIN, Process, free_port
 
 ENGINE_TOKEN = "engine-token-for-tests"
@@ -35,6 +37,19 @@ REDIS_URL = os.environ.get("REDIS_URL", "")
 # The gateway runs with production settings behind a TLS proxy; clients say so.
 HTTPS = {"X-Forwarded-Proto": "https"}
 DB = pytest.mark.django_db(transaction=True, serialized_rollback=True)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    logcheck.register(config)
+
+
+@pytest.fixture(autouse=True)
+def _log_check(
+    request: pytest.FixtureRequest,
+    caplog: pytest.LogCaptureFixture,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[None]:
+    yield from logcheck.checked(request, caplog, tmp_path_factory.getbasetemp())
 
 
 def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 180) -> None:
@@ -226,21 +241,24 @@ def world(engine: Engine, gateway: Gateway) -> Iterator[World]:
 def wait_database_quiet(quiet_s: float = 0.3, timeout: float = 15.0) -> None:
     """Wait until no other session works on the test database for ``quiet_s``: the
     gateway writes records after its responses, and the flush after a test must not
-    race them."""
+    race them. Raises when the database stays busy for ``timeout``, naming what ran."""
     deadline = time.monotonic() + timeout
     quiet_since = time.monotonic()
+    busy: list[tuple[Any, ...]] = []
     while time.monotonic() < deadline:
         with connection.cursor() as cursor:
             cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                "AND pid <> pg_backend_pid() AND state <> 'idle'"
+                "SELECT pid, application_name, state, left(query, 200) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                "AND state <> 'idle'"
             )
-            busy = cursor.fetchone()[0]
+            busy = cursor.fetchall()
         if busy:
             quiet_since = time.monotonic()
         elif time.monotonic() - quiet_since >= quiet_s:
             return
         time.sleep(0.05)
+    raise AssertionError(f"the test database was still busy after {timeout} s: {busy}")
 
 
 def reset_quotas(tenant: Tenant) -> None:

@@ -1,10 +1,12 @@
 """PostgreSQL outages at the gateway, against a real database made unreachable: requests
 that need a database read are refused with a 503 ``database_unavailable`` once their
 cache entries expire, and the usage records of requests served meanwhile are spooled to
-local disk and written when the database answers again, exactly once."""
+local disk and written when the database answers again, exactly once; so are the records
+of a batch whose commit fails."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 import threading
 import uuid
@@ -15,10 +17,12 @@ import pytest
 from django.db.models import Sum
 
 from shunter.engine.server.errors import ApiError
+from shunter.platform.gateway import proxy
 from shunter.platform.gateway.proxy import RecordWriter, replay_records
 from shunter.platform.gateway.replies import error_reply
 from shunter.platform.gateway.routes import RouteTable
 from shunter.platform.gateway.spool import PendingRecord, RecordSpool
+from shunter.platform.models import Deployment
 from shunter.tenants.auth import KeyAuthenticator, KeyGrant, close_db_connections, run_db
 from shunter.tenants.models import RequestRecord, UsageRollup
 from shunter.tenants.services import api_key_create
@@ -110,6 +114,37 @@ def test_records_lost_to_an_outage_are_spooled_and_written_when_it_ends(
     )
     wait_for(lambda: not writer.replayer.spool.pending(), 30, "the spool emptied")
     assert RequestRecord.objects.filter(tenant_id=grant.tenant_id).count() == 5
+
+
+def test_a_batch_whose_commit_fails_is_spooled_and_written_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    deployment_id, secret = a_key()
+    grant = grant_of(secret)
+    monkeypatch.setattr(proxy, "ROW_CACHE_S", 3600.0)  # the deployment's row stays cached
+    writer = RecordWriter(spool_dir=tmp_path)
+    assert writer.add(grant, deployment_id, record_fields("commit-0")).result(timeout=30) is None
+    UsageRollup.objects.filter(deployment_id=deployment_id).delete()  # they protect it
+    Deployment.objects.filter(pk=deployment_id).delete()
+    # The cached row makes the next records refer to a deployment deleted meanwhile: the
+    # foreign keys, checked when the batch commits, fail the whole batch.
+    with caplog.at_level(logging.WARNING, logger="shunter.gateway"):
+        kept = [writer.add(grant, deployment_id, record_fields(f"commit-{i}")) for i in (1, 2)]
+        for written in kept:
+            assert written.result(timeout=30) is None  # spooled: not lost
+    assert "records not written, spooled" in caplog.text and "did not commit" in caplog.text
+    # The replay reads the rows again: the deployment is gone, the records keep a null.
+    wait_for(
+        lambda: RequestRecord.objects.filter(request_id__startswith="commit-").count() == 3,
+        30,
+        "the records of the batch that did not commit",
+    )
+    assert set(
+        RequestRecord.objects.filter(request_id__in=["commit-1", "commit-2"]).values_list(
+            "deployment_id", flat=True
+        )
+    ) == {None}
+    wait_for(lambda: not writer.replayer.spool.pending(), 30, "the spool emptied")
 
 
 def test_a_replay_cut_short_after_its_commit_bills_nothing_twice(tmp_path: Path) -> None:
