@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 
-from aiohttp import web
+from aiohttp import http_exceptions, web
 
 from shunter.engine.server.context import REQUEST_ID, STATE, ServerState
 from shunter.engine.server.deployments import put_deployments
@@ -29,12 +29,32 @@ log = logging.getLogger("shunter.engine.server")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+class MalformedRequests(logging.Filter):
+    """aiohttp logs every request its parser refuses (a header past its limit, a broken
+    request line) with a traceback at ERROR: a client could fill the log with them. They
+    are the client's fault and answered with a 400, so one warning line without the
+    traceback says enough."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, http_exceptions.HttpProcessingError) and error.code < 500:
+            record.msg = f"{record.msg}: refused a malformed request (%s)"
+            record.args = (*(record.args or ()), error.message)
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+_malformed = MalformedRequests()
+
+
 def build_app(state: ServerState, *, max_body_bytes: int = MAX_BODY_BYTES) -> web.Application:
     """The server's application. It starts ``state.loop`` on startup; on shutdown it stops
     admitting, gives requests in flight ``state.grace_s`` seconds, aborts the rest and
     stops the loop."""
     app = web.Application(client_max_size=max_body_bytes, middlewares=[request_ids, errors, auth])
     app[STATE] = state
+    logging.getLogger("aiohttp.server").addFilter(_malformed)  # once: a filter is kept once
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", list_models)
     app.router.add_post("/v1/completions", completions)

@@ -308,44 +308,51 @@ async def _stream(
             payload["usage"] = None
         await response.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
 
-    started: set[int] = set()
-    keepalive_s = request.app[STATE].keepalive_s
-    async for c, delta in _deltas(choices, sink, on_idle=keep_alive, idle_s=keepalive_s):
-        if delta.finish_reason == ABORTED:
-            error = unavailable(f"The request was aborted: {delta.error}")
-            await response.write(b"data: " + json.dumps(error.body()).encode() + b"\n\n")
-            break
-        first = c.index not in started
-        started.add(c.index)
-        if call.chat and first:
-            await send(
-                call.envelope([call.choice(c, "", [], None, chunk=True, first=True)], chunk=True)
-            )
-        generated += len(delta.token_ids)  # counted from the chunk that carries them
-        if delta.text or delta.finish_reason is not None or delta.token_ids:
-            finish = delta.finish_reason
-            await send(
-                call.envelope(
-                    [
-                        call.choice(
-                            c,
-                            delta.text,
-                            delta.token_ids,
-                            finish,
-                            chunk=True,
-                            logprobs=delta.logprobs,
-                        )
-                    ],
-                    chunk=True,
+    try:
+        started: set[int] = set()
+        keepalive_s = request.app[STATE].keepalive_s
+        async for c, delta in _deltas(choices, sink, on_idle=keep_alive, idle_s=keepalive_s):
+            if delta.finish_reason == ABORTED:
+                error = unavailable(f"The request was aborted: {delta.error}")
+                await response.write(b"data: " + json.dumps(error.body()).encode() + b"\n\n")
+                break
+            first = c.index not in started
+            started.add(c.index)
+            if call.chat and first:
+                await send(
+                    call.envelope(
+                        [call.choice(c, "", [], None, chunk=True, first=True)], chunk=True
+                    )
                 )
-            )
-    else:
-        if gen.include_usage:
-            final = call.envelope([], chunk=True)
-            final["usage"] = usage(choices, gen.prompts)
-            await response.write(b"data: " + json.dumps(final).encode() + b"\n\n")
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()
+            generated += len(delta.token_ids)  # counted from the chunk that carries them
+            if delta.text or delta.finish_reason is not None or delta.token_ids:
+                finish = delta.finish_reason
+                await send(
+                    call.envelope(
+                        [
+                            call.choice(
+                                c,
+                                delta.text,
+                                delta.token_ids,
+                                finish,
+                                chunk=True,
+                                logprobs=delta.logprobs,
+                            )
+                        ],
+                        chunk=True,
+                    )
+                )
+        else:
+            if gen.include_usage:
+                final = call.envelope([], chunk=True)
+                final["usage"] = usage(choices, gen.prompts)
+                await response.write(b"data: " + json.dumps(final).encode() + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+    except ConnectionResetError:
+        # The client left between two writes, before the handler was cancelled: its
+        # streams are aborted by the caller, and aiohttp closes the response quietly.
+        pass
     return response
 
 

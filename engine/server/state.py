@@ -153,6 +153,9 @@ def engine_facts(loop: EngineLoop) -> dict[str, Any]:
             "bytes_d2h": loop.bytes_moved["d2h"],
             "bytes_h2d": loop.bytes_moved["h2d"],
             "remapped_layers_now": remapped_layers(memory),
+            # Steps whose copies have not completed: blocks freed meanwhile (by an
+            # abort) come back when they do.
+            "steps_in_flight": memory.num_pending_steps,
         },
         "steps": {
             "total": totals.steps,

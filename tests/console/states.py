@@ -61,6 +61,7 @@ def engine_like_state() -> dict[str, Any]:
             "bytes_d2h": 40 * 4096,
             "bytes_h2d": 34 * 4096,
             "remapped_layers_now": 2,
+            "steps_in_flight": 0,
         },
         "steps": {
             "total": 500,

@@ -1,5 +1,6 @@
 """A real server on a loopback port, in a thread of the test process, over tiny models:
-``tiny-llama`` (temporal) and ``tiny-qwen2`` (spatial)."""
+``tiny-llama`` (temporal) and ``tiny-qwen2`` (spatial). Every test's logs, and its
+processes', are checked for exceptions (``tests.logcheck``)."""
 
 from __future__ import annotations
 
@@ -21,9 +22,23 @@ from shunter.engine.server.models import ModelArg
 from shunter.engine.server.serve import build_state
 from shunter.engine.server.settings import EngineSettings
 from shunter.engine.server.state import engine_state
+from tests import logcheck
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 TOKEN = "test-token"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    logcheck.register(config)
+
+
+@pytest.fixture(autouse=True)
+def _log_check(
+    request: pytest.FixtureRequest,
+    caplog: pytest.LogCaptureFixture,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[None]:
+    yield from logcheck.checked(request, caplog, tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture(scope="session")
@@ -49,11 +64,14 @@ class ServerThread(BackgroundServer):
         return self.run(loop.call(check))
 
     def wait_idle(self, timeout: float = 30.0) -> dict[str, Any]:
-        """Wait until no request is live (aborts land at the next step); the state then."""
+        """Wait until no request is live (aborts land at the next step) and no copy is in
+        flight (blocks an abort freed under a copy come back when it completes); the
+        state then."""
         deadline = time.monotonic() + timeout
         while True:
             state = self.engine_state()
-            if state["requests"]["live"] == 0 or time.monotonic() > deadline:
+            idle = state["requests"]["live"] == 0 and state["transfers"]["steps_in_flight"] == 0
+            if idle or time.monotonic() > deadline:
                 return state
             time.sleep(0.02)
 
