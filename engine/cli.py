@@ -11,6 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from shunter.engine.benchfigure import add_json_argument  # standard library only
+from shunter.engine.exec.cli import print_report  # argparse only
+
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     """Add the engine's subcommands to the ``shunter`` parser."""
@@ -28,7 +31,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
     add_simulate_parser(sub)
     bench = sub.add_parser(
-        "bench", help="engine benchmarks (scheduler, remap, simulator, executor, server)"
+        "bench",
+        help="benchmarks (scheduler, remap, simulator, executor, server, gateway, ...) and "
+        "`bench check`, which holds them to their targets",
     )
     benches = bench.add_subparsers(dest="bench_command", metavar="BENCH", required=True)
     _add_bench_scheduler_parser(benches)
@@ -41,6 +46,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     add_bench_gateway_parser(benches)
     add_bench_kernels_parser(benches)
     add_loadgen_parsers(benches)
+    _add_bench_check_parser(benches)
     _add_model_commands(sub)
     add_generate_parser(sub)
     add_engine_parser(sub)
@@ -85,15 +91,52 @@ def _add_bench_remap_parser(benches: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument("--live", type=int, default=1024, help="live requests (default 1024)")
     p.add_argument("--steps", type=int, default=60, help="timed steps per run (default 60)")
+    add_json_argument(p)
     p.set_defaults(func=cmd_bench_remap)
 
 
 def cmd_bench_remap(ns: argparse.Namespace) -> int:
     from shunter.engine.bench import bench_remap
 
-    for line in bench_remap(ns.live, steps=ns.steps):
-        print(line)
-    return 0
+    return print_report(bench_remap(ns.live, steps=ns.steps), ns.json)
+
+
+def _add_bench_check_parser(benches: argparse._SubParsersAction[Any]) -> None:
+    from shunter.engine.benchcheck import BENCHES
+
+    names = [b.name for b in BENCHES]
+    p = benches.add_parser(
+        "check",
+        help="run the benchmarks of `make bench`; fail when a figure misses its target by "
+        "more than its noise margin",
+        description="Run each benchmark of `make bench` with its defaults, in its own "
+        "process, its report streamed here; then print every figure held to a target "
+        "(value, target, noise margin, verdict) and exit 1 when one misses its target by "
+        "more than its margin, is missing, or a benchmark fails. Host wall time: run it "
+        "on an idle machine.",
+    )
+    p.add_argument(
+        "--only",
+        type=lambda text: [v.strip() for v in text.split(",") if v.strip()],
+        default=names,
+        metavar="NAME,NAME",
+        help=f"benchmarks to run (default all: {','.join(names)})",
+    )
+    p.set_defaults(func=cmd_bench_check)
+
+
+def cmd_bench_check(ns: argparse.Namespace) -> int:
+    from shunter.engine.benchcheck import BENCHES, run_check
+
+    by_name = {b.name: b for b in BENCHES}
+    unknown = [name for name in ns.only if name not in by_name]
+    if unknown or not ns.only:
+        print(
+            f"shunter bench check: --only takes names among {', '.join(by_name)}",
+            file=sys.stderr,
+        )
+        return 2
+    return run_check([by_name[name] for name in ns.only])
 
 
 def _add_bench_isolation_parser(benches: argparse._SubParsersAction[Any]) -> None:
@@ -120,11 +163,11 @@ def _add_bench_isolation_parser(benches: argparse._SubParsersAction[Any]) -> Non
         type=float,
         help="the engine's step target (default: the engine's, half the tightest TBT SLO)",
     )
+    add_json_argument(p)
     p.set_defaults(func=cmd_bench_isolation)
 
 
 def cmd_bench_isolation(ns: argparse.Namespace) -> int:
-    from shunter.engine.exec.cli import print_report
     from shunter.engine.server.bench_isolation import bench_isolation
 
     return print_report(
@@ -134,7 +177,8 @@ def cmd_bench_isolation(ns: argparse.Namespace) -> int:
             fanout=ns.fanout,
             threads=ns.threads,
             step_target_ms=ns.step_target_ms,
-        )
+        ),
+        ns.json,
     )
 
 

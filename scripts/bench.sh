@@ -21,7 +21,7 @@ echo "== server (CPU, tiny-llama): TTFT and ITL through the HTTP server vs in-pr
 echo "== executor remapping (CPU, small-llama): decode step with layers streamed vs none"
 "${VENV:-.venv}/bin/shunter" bench remap-exec
 
-echo "== gateway (CPU, tiny-llama): TTFT and ITL through the gateway vs straight to the engine"
+echo "== gateway (CPU, tiny-llama; PostgreSQL and Redis): TTFT and ITL through the gateway vs straight to the engine"
 "${VENV:-.venv}/bin/shunter" bench gateway
 
 echo "== load generator: 200 req/s open loop against a local SSE fixture (64 tokens), send rate and timing error"

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from shunter.engine.benchfigure import BenchFigure, ReportItem, write_figures
 from shunter.engine.exec.forced_remap import EVERY_LAYER
 
 _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -109,10 +110,17 @@ def add_bench_arguments(
         p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="default cpu")
 
 
-def print_report(lines: Iterable[str]) -> int:
-    """Print a benchmark's report lines as they come; the command's exit status (0)."""
-    for line in lines:
-        print(line, flush=True)
+def print_report(items: Iterable[ReportItem], json_path: Path | None = None) -> int:
+    """Print a benchmark's report lines as they come and, with ``json_path``, write the
+    figures it yielded there at the end; the command's exit status (0)."""
+    figures = []
+    for item in items:
+        if isinstance(item, BenchFigure):
+            figures.append(item)
+        else:
+            print(item, flush=True)
+    if json_path is not None:
+        write_figures(json_path, figures)
     return 0
 
 

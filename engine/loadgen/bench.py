@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterator, Sequence
 from multiprocessing.connection import Connection
 
+from shunter.engine.benchfigure import BenchFigure, ReportItem
 from shunter.engine.loadgen.client import Target
 from shunter.engine.loadgen.report import Slo, build_report
 from shunter.engine.loadgen.runner import Dispatcher, run_async, run_schedule
@@ -35,6 +36,7 @@ PROMPT_TOKENS = 32
 FIXTURE_NICE = 10
 # Time for the baseline's process to start (a fresh interpreter) before the schedule does.
 BASELINE_START_S = 2.0
+TIMING_ERROR_P99_TARGET_MS = 5.0
 
 
 async def timer_lateness(times: Sequence[float], start_at: float) -> list[float]:
@@ -72,8 +74,9 @@ def bench_loadgen(
     tokens: int = 64,
     itl_ms: float = 10.0,
     seed: int = 0,
-) -> Iterator[str]:
-    """Run the benchmark and yield its report lines."""
+) -> Iterator[ReportItem]:
+    """Run the benchmark and yield its report lines, then the figures ``loadgen.sent_rps``
+    (at least ``rate``) and ``loadgen.timing_error_p99_ms`` (when any request was sent)."""
     num_requests = max(2, round(rate * duration_s))
     workload = SyntheticWorkload(
         LengthDist("constant", PROMPT_TOKENS, PROMPT_TOKENS), LengthDist("constant", tokens, tokens)
@@ -116,8 +119,16 @@ def bench_loadgen(
         f"{sent_rate / schedule_rate:.3f}); completed {report.completed}/{num_requests} "
         f"at {done_rate:.1f} req/s, failed {report.failed} {report.error_counts or ''}".rstrip()
     )
-    yield f"timing error (sent - scheduled) ms: {_quantiles(lags)}  (target p99 <= 5)"
+    yield (
+        f"timing error (sent - scheduled) ms: {_quantiles(lags)}  "
+        f"(target p99 <= {TIMING_ERROR_P99_TARGET_MS:g})"
+    )
     yield f"baseline: the dispatcher alone, same schedule and window, ms: {_quantiles(floor)}"
     itl = "-" if report.median_itl_ms is None else f"{report.median_itl_ms:.2f}"
     itl99 = "-" if report.p99_itl_ms is None else f"{report.p99_itl_ms:.2f}"
     yield f"ITL seen by the client ms: median {itl}  p99 {itl99}  (fixture step {itl_ms:g})"
+    yield BenchFigure("loadgen.sent_rps", sent_rate, rate, ">=", "req/s")
+    if (lag_p99 := percentile(lags, 99)) is not None:
+        yield BenchFigure(
+            "loadgen.timing_error_p99_ms", lag_p99 * 1000, TIMING_ERROR_P99_TARGET_MS, "<=", "ms"
+        )

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from shunter.engine.benchfigure import add_json_argument  # standard library only
+
 SAMPLE_SHAREGPT = Path(__file__).resolve().parent / "data" / "sample_sharegpt.json"
 
 
@@ -255,14 +257,15 @@ def _add_loadgen_parser(benches: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--tokens", type=_positive(int), default=64, help="per response (default 64)")
     p.add_argument("--itl-ms", type=float, default=10.0, help="fixture step, ms (default 10)")
     p.add_argument("--seed", type=int, default=0)
+    add_json_argument(p)
     p.set_defaults(func=cmd_bench_loadgen)
 
 
 def cmd_bench_loadgen(ns: argparse.Namespace) -> int:
+    from shunter.engine.exec.cli import print_report
     from shunter.engine.loadgen.bench import bench_loadgen
 
-    for line in bench_loadgen(
+    report = bench_loadgen(
         rate=ns.rps, duration_s=ns.duration, tokens=ns.tokens, itl_ms=ns.itl_ms, seed=ns.seed
-    ):
-        print(line, flush=True)
-    return 0
+    )
+    return print_report(report, ns.json)

@@ -239,8 +239,14 @@ def quantile_ms(values: list[float], q: float) -> str:
     return f"{1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]:.2f}"
 
 
-def ratio(server: list[float], ours: list[float]) -> str:
-    """The ratio of the medians, ``server`` over ``ours``, or '-' when either is empty."""
+def median_ratio(server: list[float], ours: list[float]) -> float | None:
+    """The ratio of the medians, ``server`` over ``ours``; None when either is empty."""
     if not server or not ours:
-        return "-"
-    return f"{statistics.median(server) / statistics.median(ours):.2f}x"
+        return None
+    return statistics.median(server) / statistics.median(ours)
+
+
+def ratio(server: list[float], ours: list[float]) -> str:
+    """``median_ratio`` as text ('1.04x'), or '-' when either is empty."""
+    value = median_ratio(server, ours)
+    return "-" if value is None else f"{value:.2f}x"

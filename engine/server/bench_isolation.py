@@ -32,6 +32,7 @@ from typing import Any
 import aiohttp
 import torch
 
+from shunter.engine.benchfigure import BenchFigure, ReportItem
 from shunter.engine.exec.model_init import init_model_dir, preset_config
 from shunter.engine.server.bench import MODEL, PRESET, quantile_ms, random_prompts, start_engine
 
@@ -49,9 +50,10 @@ def bench_isolation(
     fanout: tuple[int, int] = (16, 8),
     threads: int = 1,
     step_target_ms: float | None = None,
-) -> Iterator[str]:
+) -> Iterator[ReportItem]:
     """Run the three phases (``requests`` quiet requests at ``rate`` per second in each)
-    and yield the report; ``fanout`` is (prompts, n) of the noisy tenant's request;
+    and yield the report, then the figures ``isolation.quiet_p99_ratio.long_prompt`` and
+    ``.max_fanout``; ``fanout`` is (prompts, n) of the noisy tenant's request;
     ``step_target_ms`` is the engine's (None: its default, from the SLO classes)."""
     torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory(prefix="shunter-bench-") as tmp:
@@ -78,33 +80,39 @@ def bench_isolation(
 
 async def _phases(
     url: str, rate: float, requests: int, quiet_tokens: int, prompts: int, n: int
-) -> list[str]:
+) -> list[ReportItem]:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
         quiet = _QuietTenant(session, url, quiet_tokens)
         await quiet.run(rate, 4)  # warm-up
         long_body = _body(NOISY, random_prompts(1, LONG_PROMPT_TOKENS)[0], max_tokens=1)
         fan_body = _body(NOISY, random_prompts(prompts, FANOUT_PROMPT_TOKENS), max_tokens=16)
         fan_body["n"] = n
-        lines = [
+        lines: list[ReportItem] = [
             f"{'phase':<32} {'TTFT p50 ms':>12} {'p99 ms':>9} {'p99 ratio':>10}"
             f"   noisy requests: {'done':>4} {'e2e p50 ms':>11}"
         ]
         alone: list[float] = []
-        phases: list[tuple[str, dict[str, Any] | None]] = [
-            ("alone", None),
-            (f"long prompt ({LONG_PROMPT_TOKENS} tokens)", long_body),
-            (f"max fan-out ({prompts} x n={n})", fan_body),
+        figures = []
+        phases: list[tuple[str, str, dict[str, Any] | None]] = [
+            ("alone", "alone", None),
+            (f"long prompt ({LONG_PROMPT_TOKENS} tokens)", "long_prompt", long_body),
+            (f"max fan-out ({prompts} x n={n})", "max_fanout", fan_body),
         ]
-        for label, noise in phases:
+        for label, key, noise in phases:
             noisy: list[float] = []
             if noise is None:
                 ttfts = await quiet.run(rate, requests)
                 alone = ttfts
             else:
                 ttfts = await _beside(quiet.run(rate, requests), session, url, noise, noisy)
-            p99 = _quantile(ttfts, 0.99)
-            ratio = p99 / _quantile(alone, 0.99)
-            verdict = "" if noise is None else ("ok" if ratio <= TARGET_RATIO else "MISSED")
+            ratio = _quantile(ttfts, 0.99) / _quantile(alone, 0.99)
+            verdict = ""
+            if noise is not None:
+                figure = BenchFigure(
+                    f"isolation.quiet_p99_ratio.{key}", ratio, TARGET_RATIO, "<=", "x"
+                )
+                figures.append(figure)
+                verdict = "ok" if figure.meets(figure.target) else "MISSED"
             lines.append(
                 f"{label:<32} {quantile_ms(ttfts, 0.5):>12} {quantile_ms(ttfts, 0.99):>9} "
                 f"{ratio:>9.2f}x {verdict:<6} {len(noisy):>10} {quantile_ms(noisy, 0.5):>11}"
@@ -116,7 +124,7 @@ async def _phases(
             message = body.get("error", {}).get("message", "") if isinstance(body, dict) else ""
         lines.append(f"3000 x n=8 request: HTTP {r.status} {message}")
         lines.append(f"target: the quiet tenant's P99 TTFT within {TARGET_RATIO}x of alone")
-        return lines
+        return lines + figures
 
 
 class _QuietTenant:
@@ -192,4 +200,3 @@ def _body(model: str, prompt: Any, *, max_tokens: int) -> dict[str, Any]:
 def _quantile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-

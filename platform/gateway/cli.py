@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
+from shunter.engine.benchfigure import add_json_argument  # standard library only
 from shunter.engine.exec.cli import add_bench_arguments, print_report  # argparse only
 
 
@@ -13,10 +15,16 @@ def add_bench_gateway_parser(benches: argparse._SubParsersAction[Any]) -> None:
         "gateway",
         help="CPU: TTFT and ITL through the gateway against straight to the engine",
         description="Start a CPU engine on tiny-llama (random weights) unless --model names "
-        "a directory, and a gateway in front of it on a throwaway embedded platform with "
-        "one tenant key; stream the same greedy requests straight to the engine and through "
-        "the gateway, --streams at a time, in alternated rounds. Prints median TTFT and ITL "
-        "of both paths, their ratios and the median ITL the gateway adds. Host wall time.",
+        "a directory, and a gateway in front of it with one tenant key, on the production "
+        "path: PostgreSQL (a database created on $DATABASE_URL's server, default "
+        "postgres://postgres@127.0.0.1:5432/shunter, named after it with _bench_gateway, "
+        "dropped after the run) and Redis ($REDIS_URL, else redis://127.0.0.1:6379/15, "
+        "which the run flushes); with --embedded, on a throwaway embedded platform (SQLite, "
+        "in-process quotas). Streams the same greedy requests straight to the engine and "
+        "through the gateway, --streams at a time, in alternated rounds, and prints which "
+        "path was measured, median TTFT and ITL of both paths, their ratios and the median "
+        "ITL the gateway adds (targets: TTFT ratio <= 1.10x, added median ITL <= 1 ms). "
+        "Host wall time.",
     )
     add_bench_arguments(
         p,
@@ -29,20 +37,31 @@ def add_bench_gateway_parser(benches: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument("--streams", type=int, default=32, help="concurrent streams (default 32)")
     p.add_argument("--requests", type=int, default=32, help="requests per round (default 32)")
+    p.add_argument(
+        "--embedded",
+        action="store_true",
+        help="run the gateway on the embedded platform (SQLite, in-process quotas) instead "
+        "of PostgreSQL and Redis",
+    )
+    add_json_argument(p)
     p.set_defaults(func=cmd_bench_gateway)
 
 
 def cmd_bench_gateway(ns: argparse.Namespace) -> int:
-    from shunter.platform.gateway.bench import bench_gateway
+    from shunter.platform.gateway.bench import BenchError, bench_gateway
 
-    return print_report(
-        bench_gateway(
-            model_dir=ns.model,
-            streams=ns.streams,
-            requests=ns.requests,
-            prompt_tokens=ns.prompt_tokens,
-            max_tokens=ns.max_tokens,
-            threads=ns.threads,
-            rounds=ns.rounds,
-        )
+    report = bench_gateway(
+        model_dir=ns.model,
+        streams=ns.streams,
+        requests=ns.requests,
+        prompt_tokens=ns.prompt_tokens,
+        max_tokens=ns.max_tokens,
+        threads=ns.threads,
+        rounds=ns.rounds,
+        embedded=ns.embedded,
     )
+    try:
+        return print_report(report, ns.json)
+    except BenchError as e:
+        print(f"shunter bench gateway: {e}", file=sys.stderr)
+        return 2
