@@ -468,17 +468,15 @@ def node_reconcile(*, node: Node) -> Reconciled:
 class Polled:
     """A poll's outcome: whether the engine answered and serves (or is loading) models,
     whether it had restarted or served another set than desired, whether it was
-    ``reconciling`` (replacing its models), its ``failure`` when it serves none after a
-    failed reload, and the reconcile that followed (if any). ``missed`` counts the
-    consecutive polls the engine has not answered, this one included (0 when it
-    answered)."""
+    ``reconciling`` (changing its models), and the reconcile that followed (if any).
+    ``missed`` counts the consecutive polls the engine has not answered, this one
+    included (0 when it answered)."""
 
     healthy: bool
     missed: int = 0
     restarted: bool = False
     drifted: bool = False
     reconciling: bool = False
-    failure: str = ""
     reconciled: Reconciled | None = None
 
 
@@ -547,18 +545,15 @@ def node_poll(*, node: Node) -> Polled:
     listens) or an error status (draining, stalled, a wrong token) marks it unhealthy
     at once.
 
-    An engine replacing its models (``reconciling`` in its state: it lists none
-    meanwhile) keeps the node's status; only its state is recorded. An engine that serves
-    no models after a reload failed (``error`` in its state) turns the node unhealthy
-    and is given the desired set again.
+    An engine changing its models (``reconciling`` in its state) keeps the node's
+    status; only its state is recorded.
     """
     client = engine_client(node)
     try:
         client.health()
         state = client.state()
         reconciling = state.get("reconciling") is True
-        failure = "" if reconciling else str(state.get("error") or "")
-        listed = {} if reconciling or failure else client.models()
+        listed = {} if reconciling else client.models()
     except EngineError as e:
         return _poll_missed(node, e)
     cache.delete(_misses_key(node))
@@ -567,14 +562,6 @@ def node_poll(*, node: Node) -> Polled:
     if reconciling:
         _node_set(node, **seen)
         return Polled(healthy=True, reconciling=True)
-    if failure:
-        error = f"poll: the engine serves no models: {failure}"
-        _node_set(node, status=Node.Status.UNHEALTHY, last_error=error, **seen)
-        reconciled = _reconcile_once(node)
-        if reconciled is not None and reconciled.ok:
-            _node_set(node, status=Node.Status.HEALTHY)
-        ok = node.status == Node.Status.HEALTHY
-        return Polled(healthy=ok, failure=failure, reconciled=reconciled)
     data = listed.get("data") or []
     started = data[0].get("created") if data and isinstance(data[0], dict) else None
     started = int(started) if isinstance(started, int | float) else None

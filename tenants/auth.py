@@ -206,7 +206,8 @@ class KeyAuthenticator:
     """Authenticates bearer keys with a short-lived cache (see the module docstring).
 
     ``load`` reads a grant from the database (called in the gateway's database threads),
-    ``touch`` records a key's use; ``clock`` is monotonic seconds.
+    ``touch`` records a key's use; ``clock`` is monotonic seconds (the cache's bounds),
+    ``wall_clock`` the current time (keys' expiry, last use).
     """
 
     def __init__(
@@ -218,6 +219,7 @@ class KeyAuthenticator:
         load: Callable[[str], KeyGrant | None] = load_grant,
         touch: Callable[[int, datetime], Any] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], datetime] = timezone.now,
     ) -> None:
         self.ttl_s = ttl_s
         self.touch_every_s = touch_every_s
@@ -225,6 +227,7 @@ class KeyAuthenticator:
         self._load = load
         self._touch = touch or _mark_used
         self._clock = clock
+        self._wall_clock = wall_clock
         self._lock = threading.Lock()
         # digest -> (time read, grant or None for an unknown key), oldest first
         self._cache: OrderedDict[str, tuple[float, KeyGrant | None]] = OrderedDict()
@@ -249,7 +252,7 @@ class KeyAuthenticator:
         if grant is None:
             raise invalid_key("Incorrect API key provided.")
         try:
-            grant.check(timezone.now())
+            grant.check(self._wall_clock())
         except ApiError as e:
             log.info("key %s... refused: %s", grant.key_prefix, e.message)
             raise
@@ -293,7 +296,7 @@ class KeyAuthenticator:
             if last is not None and now - last < self.touch_every_s:
                 return
             self._touched[api_key_id] = now
-        when = timezone.now()
+        when = self._wall_clock()
         task = asyncio.ensure_future(run_db(lambda: self._touch(api_key_id, when)))
         self._tasks.add(task)
         task.add_done_callback(self._touched_done)

@@ -38,6 +38,15 @@ GENERATION_FIELDS = (
 )  # fmt: skip
 
 
+def body_of_size(size: int, model: str) -> bytes:
+    """A completion request for ``model`` of exactly ``size`` bytes (padded in its
+    ``user`` field): for the servers' body limits at their edge."""
+    head = json.dumps({"model": model, "prompt": "hi", "user": ""}).encode()
+    body = head[:-2] + b"x" * (size - len(head)) + head[-2:]
+    assert len(body) == size and json.loads(body)["model"] == model
+    return body
+
+
 def assert_openai_error(status: int, body: bytes) -> dict[str, Any]:
     """The error of a refusal: a 4xx with exactly OpenAI's error body."""
     assert 400 <= status < 500, (status, body[:500])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import time
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
@@ -214,13 +215,21 @@ async def test_foreign_origins_are_refused(staff_user: AbstractBaseUser) -> None
 
 async def test_one_broadcaster_holds_the_lease_at_a_time() -> None:
     await cache.adelete(LEASE_KEY)
-    first, second = Broadcaster(lease_ttl_s=2), Broadcaster(lease_ttl_s=2)
+    # Leases long enough that none lapses while the test looks, however slow the machine.
+    first, second = Broadcaster(lease_ttl_s=60), Broadcaster(lease_ttl_s=60)
     try:
         assert await first.hold_lease()
         assert not await second.hold_lease()
         assert await first.hold_lease()  # renewal
-        await asyncio.sleep(2.2)  # the holder stopped renewing: the lease lapses
-        assert await second.hold_lease()
+        # A renewal sets the holder's TTL; then it stops renewing and the lease lapses
+        # (not at once: only once the TTL has passed), and the other takes it.
+        first.lease_ttl_s = 1
+        assert await first.hold_lease()
+        renewed = time.monotonic()
+        while not await second.hold_lease():
+            assert time.monotonic() - renewed < 30, "the lease never lapsed"
+            await asyncio.sleep(0.05)
+        assert time.monotonic() - renewed >= 0.9
         assert not await first.hold_lease()
     finally:
         await cache.adelete(LEASE_KEY)

@@ -1,25 +1,41 @@
 """What the control plane tells an engine and how it reads the engine's answer: model
 entries with their limits and the SLO header, read back by the engine's own parsers;
-drift in what ``/admin/state`` reports; an engine rebuilding or left without models."""
+drift in what ``/admin/state`` reports; an engine changing its models, slow or gone.
+
+Every ``/admin/state`` here is a real engine's: a server on a tiny model in this process,
+reached directly or through a relay that can stall or cut its answers. The readers of
+that state (the node poll, the console's node view and memory map) are given it as a
+``Tracked`` object that notes every key they ask for; a key the engine does not report
+fails the test, so a change of the engine's schema that the readers do not follow
+cannot pass unseen."""
 
 from __future__ import annotations
 
 import json
 import threading
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.core.cache import cache
+import torch
 
+from shunter.console.memory_map import memory_map
+from shunter.console.selectors import node_view
 from shunter.engine.config import SloSpec
+from shunter.engine.exec.model_init import init_model_dir, preset_config
+from shunter.engine.server.background import BackgroundServer
+from shunter.engine.server.models import ModelArg
 from shunter.engine.server.openai_api import slo_from_header
-from shunter.engine.server.serve import engine_config
+from shunter.engine.server.serve import build_state, engine_config
 from shunter.engine.server.settings import EngineSettings, settings_from_dict
-from shunter.platform.models import Node, SloClass
+from shunter.platform import engine_client
+from shunter.platform.models import Deployment, Node, SloClass
 from shunter.platform.services import (
+    LIMIT_KEYS,
     desired_body,
     desired_set,
     drifted,
@@ -28,6 +44,7 @@ from shunter.platform.services import (
     slo_class_create,
 )
 from tests.conftest import free_port
+from tests.console.states import engine_like_state
 from tests.tenants.factories import make_deployment, make_model, make_node, slo
 
 pytestmark = pytest.mark.django_db
@@ -127,64 +144,266 @@ def assert_same_slo(spec: SloSpec | None, cls: SloClass) -> None:
         assert getattr(spec, field) == pytest.approx(getattr(want, field), rel=1e-11), field
 
 
-def state(**models: dict[str, Any]) -> dict[str, Any]:
-    return {"models": models}
+# -- a real engine and what its readers ask of its state -------------------------------------
+TOKEN = "contract-token"
+# Keys that hold data, not schema (model names, page owners): a reader may ask for one
+# that is not there.
+OPEN_MAPS = {"state.models", "state.arena.pages_by_owner"}
 
 
-def test_drift_compares_the_limits_an_engine_reports() -> None:
-    d = make_deployment(model=make_model(name="m"), kv_ceiling_bytes=1 << 30, max_context=256)
+class Tracked(dict[str, Any]):
+    """A JSON object (nested ones tracked too) that notes in ``asked`` each key a reader
+    asks it for (``get``, ``[]``, ``in``) at its path, and whether it was there."""
+
+    def __init__(
+        self, value: dict[str, Any], asked: list[tuple[str, str, bool]], path: str
+    ) -> None:
+        super().__init__(
+            {
+                k: Tracked(v, asked, f"{path}.{k}") if isinstance(v, dict) else v
+                for k, v in value.items()
+            }
+        )
+        self.asked, self.path = asked, path
+
+    def _note(self, key: object) -> None:
+        self.asked.append((self.path, str(key), dict.__contains__(self, key)))
+
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        self._note(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key: str) -> Any:
+        self._note(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key: object) -> bool:
+        self._note(key)
+        return super().__contains__(key)
+
+
+class Readers:
+    """Every ``/admin/state`` the control plane reads, as a ``Tracked`` object."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, str, bool]] = []
+
+    def track(self, state: dict[str, Any]) -> Tracked:
+        return Tracked(state, self.asked, "state")
+
+    def missing(self) -> set[tuple[str, str]]:
+        """The keys asked for that the engine did not report (``models.<name>`` paths
+        shown as ``models.*``)."""
+        return {
+            (_schema_path(path), key)
+            for path, key, present in self.asked
+            if not present and path not in OPEN_MAPS
+        }
+
+    def paths(self) -> set[str]:
+        return {_schema_path(path) for path, _, _ in self.asked}
+
+
+def _schema_path(path: str) -> str:
+    """``path`` with a model's name as ``*``: ``state.models.m.requests`` is
+    ``state.models.*.requests``."""
+    parts = path.split(".")
+    if parts[:2] == ["state", "models"] and len(parts) > 2:
+        parts[2] = "*"
+    return ".".join(parts)
+
+
+@pytest.fixture
+def readers(monkeypatch: pytest.MonkeyPatch) -> Readers:
+    """The node poll's reads of ``/admin/state``, tracked (the engine is still called)."""
+    readers = Readers()
+    real = engine_client.EngineClient.state
+    monkeypatch.setattr(
+        engine_client.EngineClient, "state", lambda client: readers.track(real(client))
+    )
+    return readers
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("contract-model")
+    return init_model_dir(root / "m", config=preset_config("tiny-llama"), seed=0)
+
+
+@pytest.fixture
+def engine(model_dir: Path) -> Iterator[BackgroundServer]:
+    """A real engine serving ``m`` (spatial, ``max_context`` 512), with a token."""
+    torch.set_num_threads(1)
+    settings = EngineSettings(
+        models=(ModelArg("m", model_dir, "spatial", max_context=512),), kv_tokens=2048
+    )
+    server = BackgroundServer(build_state(settings, torch.device("cpu"), token=TOKEN))
+    yield server
+    server.close()
+
+
+def get_json(url: str) -> Any:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        return json.loads(reply.read())
+
+
+def engine_node(url: str, model_dir: Path, **fields: Any) -> tuple[Node, Deployment]:
+    """A node at ``url`` with the engine's token, and a deployment of its model ``m``
+    (its directory the engine's) with ``fields``."""
+    node = make_node(status=Node.Status.HEALTHY)
+    node.engine_url = url
+    node.set_engine_token(TOKEN)
+    node.save()
+    model = make_model(name="m")
+    model.source_dir = str(model_dir)
+    model.save()
+    return node, make_deployment(node=node, model=model, **fields)
+
+
+def served_max_context(engine: BackgroundServer) -> Any:
+    return get_json(engine.url + "/admin/state")["models"]["m"]["max_context"]
+
+
+def test_the_control_plane_reads_only_what_an_engines_state_holds(
+    engine: BackgroundServer, model_dir: Path, readers: Readers
+) -> None:
+    node, _ = engine_node(engine.url, model_dir, max_context=256)
+    # The engine serves another max_context: the poll sees the drift and reconciles.
+    polled = node_poll(node=node)
+    assert polled.healthy and polled.drifted
+    assert polled.reconciled is not None and polled.reconciled.ok
+    assert served_max_context(engine) == 256
+    polled = node_poll(node=node)
+    assert polled.healthy and not polled.drifted and polled.reconciled is None
+
+    # The console reads the state the poll kept.
+    node = Node.objects.prefetch_related("deployments__model").get(pk=node.pk)
+    node.state = readers.track(node.state)
+    view = node_view(node)
+    (m,) = view["models"]
+    assert (m["name"], m["sharing"], m["priority"], m["active"]) == ("m", "spatial", 0, True)
+    assert m["kv_blocks_total"] > 0 and m["kv_blocks_used"] == 0 and m["running"] == 0
+    assert view["has_state"] and view["counters"]["steps"] >= 0
+    layout = memory_map(node.state, {})
+    kinds = {(s.kind, s.model) for s in layout.segments}
+    assert {("weights", "m"), ("free", None), ("host_weights", "m")} <= kinds
+    assert layout.hbm_bytes == node.state["arena"]["num_pages"] * node.state["arena"]["page_bytes"]
+
+    assert readers.missing() == set(), "the readers ask for keys the engine does not report"
+    # What the readers rely on was asked for, so a key renamed in the engine fails above.
+    assert {"state", "state.models.*", "state.arena", "state.host_swap"} <= readers.paths()
+    asked = {(_schema_path(p), k) for p, k, _ in readers.asked}
+    assert {("state.models.*", key) for key in LIMIT_KEYS} <= asked
+
+
+def shape(value: Any, path: str = "state") -> set[str]:
+    """The key paths of a JSON value, data keys (``OPEN_MAPS``) as ``*``."""
+    if not isinstance(value, dict):
+        return set()
+    keys: set[str] = set()
+    for key, item in value.items():
+        child = f"{path}.{'*' if path in OPEN_MAPS else key}"
+        keys |= {child} | shape(item, child)
+    return keys
+
+
+def test_the_consoles_sample_state_is_an_engines(
+    engine: BackgroundServer, model_dir: Path, readers: Readers
+) -> None:
+    """The console's tests draw a hand-made state (``tests.console.states``): it holds
+    no key a real engine does not report, and every key the console reads."""
+    real = get_json(engine.url + "/admin/state")
+    node, _ = engine_node(engine.url, model_dir)
+    node.state = readers.track(real)
+    node_view(node)
+    memory_map(node.state, {})
+    sample = shape(engine_like_state())
+    assert sample - shape(real) == set()
+    read = {
+        f"{_schema_path(path)}.{key}"
+        for path, key, _ in readers.asked
+        if _schema_path(path) not in OPEN_MAPS
+    }
+    assert "state.models.*.kv_blocks_total" in read and "state.arena.page_bytes" in read
+    assert read - sample == set()
+
+
+def test_drift_compares_the_limits_an_engine_reports(
+    engine: BackgroundServer, model_dir: Path
+) -> None:
+    _, d = engine_node(engine.url, model_dir, kv_ceiling_bytes=1 << 30, max_context=512)
     desired = desired_set([d])
-    base = {"sharing": "spatial", "priority": 0}
+    state = get_json(engine.url + "/admin/state")
+    reported = state["models"]["m"]
+    assert set(LIMIT_KEYS) <= set(reported)
+    # What the engine serves (no KV ceiling) is drift from the ceiling desired.
+    assert drifted(served_set(state), desired)
+    same = reported | {"kv_ceiling": 1 << 30}
+    assert not drifted(served_set({"models": {"m": same}}), desired)
+    # JSON may carry an integer as a float.
+    as_float = same | {"kv_ceiling": float(1 << 30)}
+    assert not drifted(served_set({"models": {"m": as_float}}), desired)
+    for key, value in [("kv_floor", 1), ("kv_ceiling", None), ("max_context", 256)]:
+        assert drifted(served_set({"models": {"m": same | {key: value}}}), desired), key
+    assert drifted(served_set({"models": {"m": same | {"priority": 2}}}), desired)
+    assert drifted(served_set({"models": {"m": same, "other": same}}), desired)
+    assert drifted(served_set({"models": {}}), desired)
     # An engine that reports no limits is no drift for them.
-    assert not drifted(served_set(state(m=base)), desired)
-    same = base | {"kv_floor": None, "kv_ceiling": 1 << 30, "max_context": 256}
-    assert not drifted(served_set(state(m=same)), desired)
-    assert not drifted(served_set(state(m=same | {"kv_ceiling": float(1 << 30)})), desired)
-    for key, value in [("kv_floor", 1), ("kv_ceiling", None), ("max_context", 512)]:
-        assert drifted(served_set(state(m=same | {key: value})), desired), key
-    assert drifted(served_set(state(m=base | {"priority": 2})), desired)
-    assert drifted(served_set(state(m=base, other=base)), desired)
-    assert drifted(served_set(state()), desired)
+    bare = {k: v for k, v in same.items() if k not in LIMIT_KEYS} | {"priority": 0}
+    assert not drifted(served_set({"models": {"m": bare}}), desired)
 
 
-class StubEngine(BaseHTTPRequestHandler):
-    """An engine's control routes answering from ``server.state``; PUT bodies are kept
-    in ``server.puts``. With ``server.slow`` set ``/health`` answers only once
-    ``server.release`` is set; with ``server.cut`` it closes the connection unanswered;
-    ``server.health`` is its status code."""
+def test_poll_keeps_the_status_of_an_engine_changing_its_models(
+    engine: BackgroundServer, model_dir: Path, readers: Readers
+) -> None:
+    node, _ = engine_node(engine.url, model_dir, max_context=256)
+    lock = engine.state.reconcile_lock
+    engine.run(lock.acquire())  # a change of the engine's models is under way
+    try:
+        polled = node_poll(node=node)
+    finally:
+        engine.loop.call_soon_threadsafe(lock.release)
+    node.refresh_from_db()
+    assert polled.healthy and polled.reconciling and polled.reconciled is None
+    assert node.status == Node.Status.HEALTHY and node.last_error == ""
+    assert node.state["reconciling"] is True and "m" in node.state["models"]
+    assert served_max_context(engine) == 512  # not reconciled meanwhile
+
+    polled = node_poll(node=node)
+    assert polled.reconciled is not None and polled.reconciled.ok
+    assert served_max_context(engine) == 256
+    assert readers.missing() == set()
+
+
+class EngineRelay(BaseHTTPRequestHandler):
+    """Relays requests to the engine at ``server.engine_url``, answers included. With
+    ``server.slow`` set ``/health`` answers only once ``server.release`` is set; with
+    ``server.cut`` the connection of ``/health`` is closed unanswered."""
 
     server: Any
 
     def do_GET(self) -> None:
-        self.server.gets.append(self.path)
         if self.path == "/health" and self.server.cut:
             self.close_connection = True
             return
         if self.path == "/health" and self.server.slow:
             self.server.release.wait(30)
-        state = self.server.state
-        if self.path == "/v1/models" and (state.get("reconciling") or state.get("error")):
-            # As the engine: no model list while it has no engine loop.
-            error = {"message": "The engine serves no models", "type": "service_unavailable"}
-            self._reply({"error": error}, 503)
-            return
-        if self.path == "/health" and self.server.health != 200:
-            self._reply({"status": "stalled"}, self.server.health)
-            return
-        replies = {
-            "/health": {"status": "ok"},
-            "/admin/state": state,
-            "/v1/models": {"data": [{"id": "m", "created": 1}]},
-        }
-        self._reply(replies[self.path])
+        self._relay("GET", None)
 
     def do_PUT(self) -> None:
-        length = int(self.headers["Content-Length"])
-        self.server.puts.append(json.loads(self.rfile.read(length)))
-        self._reply({"added": [], "removed": [], "reloaded": ["m"]})
+        self._relay("PUT", self.rfile.read(int(self.headers["Content-Length"])))
 
-    def _reply(self, body: dict[str, Any], status: int = 200) -> None:
-        raw = json.dumps(body).encode()
+    def _relay(self, method: str, body: bytes | None) -> None:
+        headers = {k: v for k, v in self.headers.items() if k in ("Authorization", "Content-Type")}
+        request = urllib.request.Request(
+            self.server.engine_url + self.path, data=body, method=method, headers=headers
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=120) as reply:
+                status, raw = reply.status, reply.read()
+        except urllib.error.HTTPError as e:
+            status, raw = e.code, e.read()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(raw)))
@@ -196,11 +415,11 @@ class StubEngine(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def stub_engine() -> Iterator[Any]:
-    server: Any = ThreadingHTTPServer(("127.0.0.1", 0), StubEngine)
-    server.state, server.gets, server.puts = {}, [], []
+def relay(engine: BackgroundServer) -> Iterator[Any]:
+    server: Any = ThreadingHTTPServer(("127.0.0.1", 0), EngineRelay)
+    server.engine_url = engine.url
     server.slow, server.cut, server.release = False, False, threading.Event()
-    server.health = 200
+    server.url = f"http://127.0.0.1:{server.server_address[1]}"
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server
@@ -209,93 +428,30 @@ def stub_engine() -> Iterator[Any]:
     server.server_close()
 
 
-def test_poll_reconciles_an_engine_serving_other_limits(stub_engine: Any) -> None:
-    node = make_node(engine_url=f"http://127.0.0.1:{stub_engine.server_address[1]}")
-    make_deployment(node=node, model=make_model(name="m"), max_context=256)
-    served = {"sharing": "spatial", "priority": 0, "kv_floor": None, "kv_ceiling": None}
-    stub_engine.state = state(m=served | {"max_context": 256})
-    polled = node_poll(node=node)
-    assert polled.healthy and not polled.drifted and stub_engine.puts == []
-
-    stub_engine.state = state(m=served | {"max_context": 512})
-    polled = node_poll(node=node)
-    assert polled.drifted and polled.reconciled is not None and polled.reconciled.ok
-    assert stub_engine.puts[0]["models"][0]["max_context"] == 256
-
-
-SERVED = {"sharing": "spatial", "priority": 0, "kv_floor": None, "kv_ceiling": None}
-
-
-def test_poll_keeps_the_status_of_an_engine_replacing_its_models(stub_engine: Any) -> None:
-    node = make_node(engine_url=f"http://127.0.0.1:{stub_engine.server_address[1]}")
-    make_deployment(node=node, model=make_model(name="m"))
-    stub_engine.state = state(m=SERVED | {"max_context": None}) | {"reconciling": False}
-    assert node_poll(node=node).healthy and node.status == Node.Status.HEALTHY
-
-    # A rebuild: no models listed (503), none in the state, ``reconciling`` set.
-    stub_engine.state = {"models": {}, "error": None, "reconciling": True}
-    stub_engine.gets.clear()
-    polled = node_poll(node=node)
-    node.refresh_from_db()
-    assert polled.healthy and polled.reconciling and polled.reconciled is None
-    assert node.status == Node.Status.HEALTHY and node.last_error == ""
-    assert node.state == stub_engine.state
-    assert "/v1/models" not in stub_engine.gets and stub_engine.puts == []
-
-
-def test_poll_gives_an_engine_that_serves_no_models_the_desired_set_again(
-    stub_engine: Any,
-) -> None:
-    node = make_node(engine_url=f"http://127.0.0.1:{stub_engine.server_address[1]}")
-    make_deployment(node=node, model=make_model(name="m"), kv_ceiling_bytes=1 << 30)
-    failure = "loading the desired deployments failed (boom), and so did the previous ones"
-    stub_engine.state = {"models": {}, "error": failure, "reconciling": False}
-
-    lock = f"shunter:node-reconcile:{node.pk}"
-    assert cache.add(lock, 1, timeout=60)  # a reconcile of the node is under way
-    try:
-        polled = node_poll(node=node)
-    finally:
-        cache.delete(lock)
-    node.refresh_from_db()
-    assert not polled.healthy and polled.failure == failure and polled.reconciled is None
-    assert node.status == Node.Status.UNHEALTHY and failure in node.last_error
-    assert stub_engine.puts == []
-
-    polled = node_poll(node=node)
-    node.refresh_from_db()
-    assert polled.reconciled is not None and polled.reconciled.ok and polled.healthy
-    assert node.status == Node.Status.HEALTHY and node.last_error == ""
-    (put,) = stub_engine.puts
-    assert put["models"][0]["name"] == "m" and put["models"][0]["kv_ceiling"] == 1 << 30
-
-
 def test_one_slow_answer_keeps_the_node_and_consecutive_misses_take_it_out(
-    stub_engine: Any, settings: Any
+    relay: Any, model_dir: Path, settings: Any
 ) -> None:
     settings.NODE_POLL_MISSES = 3
-    node = make_node(engine_url=f"http://127.0.0.1:{stub_engine.server_address[1]}")
-    make_deployment(node=node, model=make_model(name="m"))
-    stub_engine.state = state(m=SERVED | {"max_context": None})
+    node, _ = engine_node(relay.url, model_dir, max_context=512)
     assert node_poll(node=node).healthy and node.status == Node.Status.HEALTHY
 
     # One answer slower than the poll's timeout: a miss, and the node stays routable.
-    stub_engine.slow = True
+    relay.slow = True
     try:
         polled = node_poll(node=node)
     finally:
-        stub_engine.release.set()
+        relay.release.set()
     node.refresh_from_db()
     assert not polled.healthy and polled.missed == 1
     assert node.status == Node.Status.HEALTHY and "missed 1 of 3" in node.last_error
 
     # It answers again: the count starts over and the error clears.
-    stub_engine.slow = False
+    relay.slow = False
     polled = node_poll(node=node)
     assert polled.healthy and polled.missed == 0 and node.last_error == ""
 
     # Three connections in a row cut unanswered: unhealthy at the third.
-    stub_engine.cut = True
+    relay.cut = True
     for missed in (1, 2):
         polled = node_poll(node=node)
         assert polled.missed == missed and node.status == Node.Status.HEALTHY
@@ -306,18 +462,18 @@ def test_one_slow_answer_keeps_the_node_and_consecutive_misses_take_it_out(
 
 
 def test_a_refused_connection_or_an_error_status_marks_the_node_unhealthy_at_once(
-    stub_engine: Any,
+    engine: BackgroundServer, model_dir: Path
 ) -> None:
     refused = make_node(engine_url=f"http://127.0.0.1:{free_port()}", status=Node.Status.HEALTHY)
     polled = node_poll(node=refused)
     refused.refresh_from_db()
     assert not polled.healthy and refused.status == Node.Status.UNHEALTHY
 
-    answered = make_node(
-        engine_url=f"http://127.0.0.1:{stub_engine.server_address[1]}",
-        status=Node.Status.HEALTHY,
+    answered, _ = engine_node(engine.url, model_dir, max_context=512)
+    drain = urllib.request.Request(
+        engine.url + "/admin/drain", method="POST", headers={"Authorization": f"Bearer {TOKEN}"}
     )
-    stub_engine.health = 503  # an engine that answers it is stalled (or draining)
+    urllib.request.urlopen(drain, timeout=30).close()  # the engine answers 503 draining
     polled = node_poll(node=answered)
     answered.refresh_from_db()
     assert not polled.healthy and answered.status == Node.Status.UNHEALTHY

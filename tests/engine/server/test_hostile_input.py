@@ -7,10 +7,18 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from shunter.engine.server.jsonbody import MAX_BODY_BYTES
 from tests.engine.server.conftest import TOKEN, ServerThread, assert_no_leaks, request
-from tests.hostile import HOSTILE_BODIES, assert_openai_error, hostile_bodies, raw_exchange
+from tests.hostile import (
+    HOSTILE_BODIES,
+    assert_openai_error,
+    body_of_size,
+    hostile_bodies,
+    raw_exchange,
+)
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+NOBODY = "nobody-serves-this"  # a body that is read in full is a 404 for its model
 
 
 def port_of(server: ServerThread) -> int:
@@ -40,6 +48,21 @@ def test_unknown_routes_and_methods_are_openai_errors(server: ServerThread) -> N
         assert assert_openai_error(r.status_code, r.content)["code"] == "method_not_allowed"
     r = request("POST", server.url + "/v1/models", headers=AUTH)
     assert r.status_code == 405 and "GET" in r.headers["Allow"].split(",")
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_a_body_of_the_limit_is_read_and_one_byte_more_is_a_413(
+    server: ServerThread, path: str
+) -> None:
+    r = request("POST", server.url + path, body=body_of_size(MAX_BODY_BYTES, NOBODY), headers=AUTH)
+    assert r.status_code == 404, r.text[:300]  # read and parsed: the model is unknown
+    assert assert_openai_error(r.status_code, r.content)["code"] == "model_not_found"
+    r = request(
+        "POST", server.url + path, body=body_of_size(MAX_BODY_BYTES + 1, NOBODY), headers=AUTH
+    )
+    assert r.status_code == 413
+    error = assert_openai_error(r.status_code, r.content)
+    assert (error["code"], error["type"]) == ("request_too_large", "invalid_request_error")
 
 
 def test_an_oversized_header_is_refused_before_it_is_read(server: ServerThread) -> None:

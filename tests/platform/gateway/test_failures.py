@@ -1,5 +1,10 @@
 """Engines that fail: killed in the middle of a stream (the client gets a terminating
-error event, the record says error), or unreachable (503 within 2 s, no hang)."""
+error event, the record says error), or unreachable (a 503 after at most the connect
+timeout, no hang).
+
+Durations are compared with a baseline measured in the same test: the same request for
+a model nobody serves, which the gateway answers without calling an engine. Each is the
+best of a few tries, so that a loaded machine stretches both alike."""
 
 from __future__ import annotations
 
@@ -11,14 +16,17 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from shunter.platform.gateway.proxy import CONNECT_TIMEOUT_S
 from tests.conftest import free_port
 from tests.platform.gateway.conftest import (
     DB,
     HTTPS,
     Engine,
+    Reply,
     World,
     bearer,
     call,
@@ -26,6 +34,25 @@ from tests.platform.gateway.conftest import (
 )
 
 pytestmark = [pytest.mark.slow, DB]
+
+
+def best_of(tries: int, url: str, body: dict[str, Any], secret: str) -> tuple[Reply, float]:
+    """The last reply to ``tries`` POSTs of ``body`` to ``url``, and the shortest time one
+    took."""
+    best = float("inf")
+    for _ in range(tries):
+        started = time.monotonic()
+        reply = call("POST", url, body, headers=bearer(secret))
+        best = min(best, time.monotonic() - started)
+    return reply, best
+
+
+def baseline(url: str, body: dict[str, Any], secret: str) -> float:
+    """How long ``body`` takes when the gateway answers it without an engine: its model
+    is one nobody serves (404)."""
+    reply, seconds = best_of(3, url, body | {"model": "nobody-serves-this"}, secret)
+    assert reply.status == 404 and reply.error["code"] == "model_not_found"
+    return seconds
 
 
 @pytest.fixture
@@ -75,11 +102,12 @@ def test_an_engine_killed_mid_stream_ends_the_stream_with_an_error(
     assert record.ttft_ms is not None and record.completion_tokens > 0
     # No usage chunk came: the prompt is counted from the engine's response header.
     assert record.prompt_tokens > 0
-    # The dead engine refuses connections: the next request fails fast.
-    started = time.monotonic()
-    r = call("POST", world.gateway.url + "/v1/chat/completions", body, headers=bearer(secret))
+    # The dead engine refuses connections: the next requests fail fast, waiting for no
+    # connect timeout.
+    url = world.gateway.url + "/v1/chat/completions"
+    r, refused = best_of(3, url, body, secret)
     assert r.status == 503 and r.error["code"] == "engine_unavailable"
-    assert time.monotonic() - started < 2
+    assert refused - baseline(url, body, secret) < CONNECT_TIMEOUT_S
 
 
 @pytest.fixture
@@ -102,7 +130,7 @@ def silent_port() -> Iterator[int]:
 
 
 @pytest.mark.parametrize("listener", ["nothing", "silent"])
-def test_an_unreachable_engine_is_503_within_two_seconds(
+def test_an_unreachable_engine_is_503_within_the_connect_timeout(
     world: World, listener: str, silent_port: int
 ) -> None:
     # Nothing listening refuses at once; a silent port runs into the connect timeout.
@@ -112,10 +140,14 @@ def test_an_unreachable_engine_is_503_within_two_seconds(
     tenant = world.tenant(world.deployment(node, "ghost"))
     _, secret = world.key(tenant)
     body = {"model": "ghost", "prompt": "hi", "stream": True}
-    started = time.monotonic()
-    r = call("POST", world.gateway.url + "/v1/completions", body, headers=bearer(secret))
-    elapsed = time.monotonic() - started
-    assert r.status == 503 and elapsed < 2.0
+    url = world.gateway.url + "/v1/completions"
+    r, elapsed = best_of(2, url, body, secret)
+    assert r.status == 503
     assert (r.error["code"], r.error["type"]) == ("engine_unavailable", "service_unavailable")
+    waited = elapsed - baseline(url, body, secret)
+    if listener == "nothing":
+        assert waited < CONNECT_TIMEOUT_S
+    else:  # the connect timeout, once: neither the read timeout nor a second try
+        assert elapsed >= 0.9 * CONNECT_TIMEOUT_S and waited < 2 * CONNECT_TIMEOUT_S
     record = wait_record(r.headers["x-request-id"])
     assert (record.status, record.http_status) == ("error", 503)
