@@ -120,6 +120,20 @@ class SweepSpec:
 
 def run_sweep(spec: SweepSpec, *, json_path: str | None, plot_path: str | None) -> int:
     """Simulate every (policy, rate), print the table, write JSON and plot if asked."""
+    rows = sweep_rows(spec)
+    print(report.format_table(rows, spec.describe()))
+    if json_path:
+        report.write_json(json_path, _config_json(spec), rows)
+        print(f"{report.LABEL} results written to {json_path}")
+    if plot_path:
+        report.write_plot(plot_path, rows, spec.describe())
+        print(f"{report.LABEL} plot written to {plot_path}")
+    return 0
+
+
+def sweep_rows(spec: SweepSpec) -> list[report.Row]:
+    """Simulate every (policy, rate): one result row each, by policy in the spec's order,
+    then by rate."""
     lengths = spec.lengths()
     rows: list[report.Row] = []
     configs = {policy: spec.sim_config(policy) for policy in spec.policies}
@@ -136,14 +150,7 @@ def run_sweep(spec: SweepSpec, *, json_path: str | None, plot_path: str | None) 
             )
             rows.append(report.result_row(policy, rate, summary, run))
     rows.sort(key=lambda r: (spec.policies.index(r["policy"]), r["rps"]))
-    print(report.format_table(rows, spec.describe()))
-    if json_path:
-        report.write_json(json_path, _config_json(spec), rows)
-        print(f"{report.LABEL} results written to {json_path}")
-    if plot_path:
-        report.write_plot(plot_path, rows, spec.describe())
-        print(f"{report.LABEL} plot written to {plot_path}")
-    return 0
+    return rows
 
 
 def _config_json(spec: SweepSpec) -> dict[str, Any]:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from shunter.engine.config import SloSpec
 from shunter.engine.core import EngineCore
 from shunter.engine.plan import StepPlan, StepResult
 from shunter.engine.request import Request, RequestState
 from shunter.engine.sched.policy import PolicyInput
-from tests.engine.fakes import FakeExecutor
+from tests.engine.fakes import FakeExecutor, make_core, request, tiny_config
 
 SLO = SloSpec("paper", ttft_s=5.0, tbt_s=0.1, alpha=3.0, beta_b=0.0, beta_f=0.5)
 
@@ -32,6 +34,36 @@ def timed_linearly(core: EngineCore) -> None:
         return execute(plan)
 
     executor.execute = run  # type: ignore[method-assign]
+
+
+# A TTFT target of two fake steps: with beta_F = 0.5, a waiting request lags after one.
+ONE_STEP_TTFT = SloSpec("tight", ttft_s=0.02, tbt_s=0.1)
+
+
+class CappedRun(NamedTuple):
+    requests: list[Request]
+    num_steps: int
+    num_preempted: int
+
+
+def run_capped(slo: SloSpec, policy: str = "lvf") -> CappedRun:
+    """Six short requests, two running slots, memory for all of them, run to the end: the
+    requests, the steps taken and the preemptions. docs/engine.md states its counts."""
+    core, _ = make_core(tiny_config(kv_blocks=40, max_running=2, policy=policy))
+    requests = [
+        dataclasses.replace(request(f"r{i}", 40, 8, t_arr=0.001 * i), slo=slo) for i in range(6)
+    ]
+    for r in requests:
+        core.add_request(r)
+    num_steps = num_preempted = 0
+    while not core.is_idle():
+        stats = core.step()
+        assert stats.num_running <= 2
+        assert stats.num_preempted <= stats.num_admitted + stats.num_swapped_in
+        num_steps += 1
+        num_preempted += stats.num_preempted
+    assert all(r.num_output_tokens == 8 for r in requests)
+    return CappedRun(requests, num_steps, num_preempted)
 
 
 class Book:

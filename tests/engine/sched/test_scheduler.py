@@ -11,7 +11,6 @@ from shunter.engine.config import (
     ModelSpec,
     RemapConfig,
     RotationConfig,
-    SloSpec,
     TenantSpec,
 )
 from shunter.engine.core import EngineCore
@@ -30,6 +29,7 @@ from tests.engine.fakes import (
     request,
     tiny_config,
 )
+from tests.engine.sched.helpers import ONE_STEP_TTFT, run_capped
 
 NO_ROTATION = RotationConfig(eager=False)
 
@@ -71,32 +71,12 @@ def test_max_running_caps_admission() -> None:
     assert stats.num_running == 2 and stats.num_waiting == 3
 
 
-def _run_capped(slo: SloSpec, policy: str = "lvf") -> tuple[list[Request], int, int]:
-    """Six short requests, two running slots, memory for all of them: the requests, the
-    steps taken and the preemptions."""
-    core, _ = make_core(tiny_config(kv_blocks=40, max_running=2, policy=policy))
-    requests = [
-        dataclasses.replace(request(f"r{i}", 40, 8, t_arr=0.001 * i), slo=slo) for i in range(6)
-    ]
-    for r in requests:
-        core.add_request(r)
-    num_steps = num_preempted = 0
-    while not core.is_idle():
-        stats = core.step()
-        assert stats.num_running <= 2
-        assert stats.num_preempted <= stats.num_admitted + stats.num_swapped_in
-        num_steps += 1
-        num_preempted += stats.num_preempted
-    assert all(r.num_output_tokens == 8 for r in requests)
-    return requests, num_steps, num_preempted
-
-
 def test_lvf_frees_no_slot_while_nobody_lags() -> None:
     # The running cap is full and memory has room; the waiting requests are within
     # their TTFT tolerance (VLT 0), so no slot is freed: the requests run in arrival
     # order, two at a time, as FCFS runs them, instead of time-slicing every step.
-    requests, num_steps, num_preempted = _run_capped(SLO)
-    fcfs, fcfs_steps, _ = _run_capped(SLO, "fcfs")
+    requests, num_steps, num_preempted = run_capped(SLO)
+    fcfs, fcfs_steps, _ = run_capped(SLO, "fcfs")
     assert num_preempted == 0
     assert num_steps == fcfs_steps
     assert [r.t_first_token for r in requests] == [r.t_first_token for r in fcfs]
@@ -108,9 +88,8 @@ def test_lvf_turns_the_slots_over_at_the_pace_of_the_lag_once_requests_lag() -> 
     # a slot from one that ran from the start and starts before FCFS would start it. A
     # request swapped in keeps its slot until it has run as long as the others lag: the
     # slots turn over a few times, not every step, and no request is rotated out twice.
-    tight = SloSpec("tight", ttft_s=0.02, tbt_s=0.1)
-    requests, _, num_preempted = _run_capped(tight)
-    fcfs, _, _ = _run_capped(tight, "fcfs")
+    requests, _, num_preempted = run_capped(ONE_STEP_TTFT)
+    fcfs, _, _ = run_capped(ONE_STEP_TTFT, "fcfs")
     assert num_preempted > 0
     assert max(r.num_preemptions for r in requests) <= 1
     assert requests[2].t_first_token is not None and fcfs[2].t_first_token is not None
