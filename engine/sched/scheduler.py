@@ -308,8 +308,11 @@ class Scheduler:
                 if lack:
                     short[m] = lack
         holder = self.tenancy.holder
-        if holder in executing and not self._progressed(holder, plan, sitting_out):
-            self.tenancy.pass_turn(now, self._has_work, self._lag(now))  # queues changed
+        if holder in executing:
+            if self._progressed(holder, plan, sitting_out):
+                self.tenancy.memory_changed()
+            else:
+                self.tenancy.pass_turn(now, self._has_work, self._lag(now))  # queues changed
         if self.remapper is not None:
             self.remapper.stream(plan)
         self.memory.rotate()
@@ -320,13 +323,18 @@ class Scheduler:
         # that did not gives back every empty chunk, so that the free pages, not
         # rotation, serve the next steps' admissions.
         need = sum(short.values())
+        others = [m for m in self.queues if m not in short]
+        if len(short) > 1 and not any(map(self.memory.num_held_free_blocks, others)):
+            # Every model holding free blocks is short itself: the one lagging most is
+            # served and the others give back to it, or no one would ever get enough.
+            first = max(short, key=self._lag(now))
+            need = short[first]
+            others = [m for m in short if m != first]
         if self.remapper is not None:
             need += self.remapper.vacating_bytes
-        if need:
-            others = [m for m in self.queues if m not in short]
-            if others:
-                donor = max(others, key=self.memory.num_held_free_blocks)
-                self.memory.compact(donor, need if donor in executing else None)
+        if need and others:
+            donor = max(others, key=self.memory.num_held_free_blocks)
+            self.memory.compact(donor, need if donor in executing else None)
         self.memory.end_step()
         return plan
 
@@ -460,14 +468,20 @@ class Scheduler:
         return list(heapq.merge(*(d.admit for d in decisions), key=attrgetter("t_arr")))
 
     def _starved(self, model: str) -> int:
-        """KV bytes the model's first waiting (else rotary) request lacks: more blocks
-        than the model may allocate, and the policy would not even try to admit it.
-        0 when it fits (or there is none)."""
+        """KV bytes the model lacks to place a head of its queues, whichever lacks most:
+        the first waiting request, the first rotary one in preemption order (WF's and
+        SF's head) and the earliest arrival among them (FCFS's). A head that needs more
+        blocks than the model may allocate is one the policy would not even try to
+        admit, and the model's admissions wait behind it. 0 when every head fits (or
+        there is none)."""
         q = self.queues[model]
-        head = next(iter(q.waiting.values()), None) or next(iter(q.rotary.values()), None)
-        if head is None or self.memory.blk(head) <= self.memory.num_free_blocks(model):
-            return 0
-        return self._lack(head)
+        free = self.memory.num_free_blocks(model)
+        heads = [next(iter(q.waiting.values()), None)]
+        if q.rotary:
+            heads.append(next(iter(q.rotary.values())))
+            heads.append(min(q.rotary.values(), key=attrgetter("t_arr")))
+        lacks = [self._lack(r) for r in heads if r is not None and self.memory.blk(r) > free]
+        return max(lacks, default=0)
 
     def _lack(self, r: Request) -> int:
         """KV bytes ``r``'s model lacks to bring it onto the device (one block at least:
@@ -581,6 +595,7 @@ class Scheduler:
     def _finish(self, r: Request, now: float) -> None:
         self.memory.free(r)
         self.queues[r.model].move(r, FINISHED)
+        self.tenancy.memory_changed()
         del self.requests[r.id]
         r.t_finish = now
         self._released.append(r.id)

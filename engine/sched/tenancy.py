@@ -8,7 +8,10 @@ Each model is a tenant (``config.TenantSpec``) with a sharing mode and a priorit
   model whose most-lagging request has the largest VLT (the holder keeps it on a tie,
   so a switch is never paid for nothing). A holder whose work cannot run (its requests
   do not fit the memory the others hold) passes the turn at once (``pass_turn``), so
-  a turn never blocks the GPU.
+  a turn never blocks the GPU, and never to a model that could not run either since
+  memory last changed (a request finished or a holder ran): two models that cannot
+  run would otherwise pass it back and forth while a third, whose running requests
+  hold the memory, never gets it.
 
 A temporal model without the turn is *inactive*: its layers are remapped first and its
 requests' KV rotates out first. Spatial models and the turn holder are *active*.
@@ -41,6 +44,7 @@ class Tenancy:
         self.t_turn = 0.0
         self.num_switches = 0
         self.t_last_active = dict.fromkeys(names, -float("inf"))
+        self._stalled: set[str] = set()  # could not run since memory last changed
         self._set(tenants)
 
     def set_tenants(self, tenants: Sequence[TenantSpec]) -> None:
@@ -67,6 +71,7 @@ class Tenancy:
         """Forget a model; when it held the turn, the next ``executing`` hands it on."""
         self._set([t for m, t in self.tenants.items() if m != model])
         del self.t_last_active[model]
+        self._stalled.discard(model)
         if self.holder == model:
             self.holder = None
 
@@ -105,12 +110,21 @@ class Tenancy:
 
     def pass_turn(self, now: float, has_work: Callable[[str], bool], lag: Lag) -> bool:
         """The holder could not run: give the turn to the temporal model with work whose
-        most lagging request lags most, quantum or not. False if there is none."""
-        ready = [m for m in self.temporal if m != self.holder and has_work(m)]
+        most lagging request lags most, quantum or not, leaving out the models that could
+        not run either since memory last changed (``memory_changed``). False if there is
+        none: the holder keeps it (turning among models that cannot run only costs
+        switches) until memory changes."""
+        if self.holder is not None:
+            self._stalled.add(self.holder)
+        ready = [m for m in self.temporal if m not in self._stalled and has_work(m)]
         if not ready:
             return False
         self._give(max(ready, key=lag), now)
         return True
+
+    def memory_changed(self) -> None:
+        """A request finished or a holder ran: a model that could not run may now."""
+        self._stalled.clear()
 
     def _give(self, model: str, now: float) -> None:
         self.num_switches += self.holder is not None

@@ -63,6 +63,22 @@ def test_the_turn_passes_at_once_when_the_holder_has_no_work() -> None:
     assert t.holder == "t3"
 
 
+def test_a_holder_that_cannot_run_passes_the_turn_to_a_model_that_has_not_failed_too() -> None:
+    t = tenancy(quantum=10.0)
+    lags = {"t1": 5.0, "t2": 4.0, "t3": 1.0}  # t3 lags least: its requests are running
+    step(t, 0.0, lags)
+    assert t.holder == "t1"
+    # t1 cannot run: the turn goes to t2, which cannot run either; not back to t1 but on
+    # to t3, whose running requests hold the memory the others wait for.
+    assert t.pass_turn(0.0, lags.__contains__, lags.__getitem__) and t.holder == "t2"
+    assert t.pass_turn(0.0, lags.__contains__, lags.__getitem__) and t.holder == "t3"
+    # When no model is left to try, the holder keeps the turn until memory changes.
+    assert not t.pass_turn(0.0, lags.__contains__, lags.__getitem__) and t.holder == "t3"
+    t.memory_changed()
+    assert t.pass_turn(0.0, lags.__contains__, lags.__getitem__) and t.holder == "t1"
+    assert t.num_switches == 3
+
+
 def test_run_next_ranks_active_then_lagging_then_idle_by_priority_and_round_robin() -> None:
     t = tenancy(quantum=0.0)
     step(t, 0.0, {"t2": 0.0})
