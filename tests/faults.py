@@ -5,9 +5,14 @@ without disturbing the service other tests share."""
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import threading
+import urllib.parse
+from collections.abc import Iterator
 from typing import Literal
+
+import pytest
 
 from tests.conftest import free_port
 
@@ -106,3 +111,15 @@ class FaultyProxy:
             sock.close()
         with self._lock:
             self._sockets -= {src, dst}
+
+
+def redis_proxy() -> Iterator[FaultyProxy]:
+    """A ``FaultyProxy`` in front of ``REDIS_URL``'s server for a fixture to yield from
+    (the test skips without ``REDIS_URL``)."""
+    given = os.environ.get("REDIS_URL", "")
+    if not given:
+        pytest.skip("REDIS_URL is not set (make test sets it)")
+    url = urllib.parse.urlsplit(given)
+    proxy = FaultyProxy((url.hostname or "127.0.0.1", url.port or 6379))
+    yield proxy
+    proxy.close()

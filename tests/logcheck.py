@@ -110,3 +110,18 @@ def checked(
             f"@pytest.mark.{MARKER}):\n" + "\n".join(unexpected),
             pytrace=False,
         )
+
+
+# What a conftest imports to put its directory's tests under the check:
+# ``from tests.logcheck import log_check, pytest_configure  # noqa: F401``.
+def pytest_configure(config: pytest.Config) -> None:
+    register(config)
+
+
+@pytest.fixture(autouse=True)
+def log_check(
+    request: pytest.FixtureRequest,
+    caplog: pytest.LogCaptureFixture,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[None]:
+    yield from checked(request, caplog, tmp_path_factory.getbasetemp())

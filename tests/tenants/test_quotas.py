@@ -24,6 +24,7 @@ from shunter.tenants.quotas import (
     RedisQuotaLimiter,
     budget_period,
 )
+from tests import faults
 from tests.conftest import free_port
 from tests.faults import FaultyProxy, Mode
 
@@ -360,12 +361,7 @@ async def test_a_held_lease_lives_while_its_request_runs_and_lapses_after(kind: 
 
 @pytest.fixture
 def redis_proxy() -> Iterator[FaultyProxy]:
-    if not REDIS_URL:
-        pytest.skip("REDIS_URL is not set (make test sets it)")
-    url = urllib.parse.urlsplit(REDIS_URL)
-    proxy = FaultyProxy((url.hostname or "127.0.0.1", url.port or 6379))
-    yield proxy
-    proxy.close()
+    yield from faults.redis_proxy()
 
 
 def through(proxy: FaultyProxy) -> str:

@@ -22,23 +22,10 @@ from shunter.engine.server.models import ModelArg
 from shunter.engine.server.serve import build_state
 from shunter.engine.server.settings import EngineSettings
 from shunter.engine.server.state import engine_state
-from tests import logcheck
+from tests.logcheck import log_check, pytest_configure  # noqa: F401 (the log check)
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 TOKEN = "test-token"
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    logcheck.register(config)
-
-
-@pytest.fixture(autouse=True)
-def _log_check(
-    request: pytest.FixtureRequest,
-    caplog: pytest.LogCaptureFixture,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[None]:
-    yield from logcheck.checked(request, caplog, tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture(scope="session")

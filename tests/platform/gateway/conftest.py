@@ -29,27 +29,14 @@ from shunter.engine.exec.model_init import init_model_dir, preset_config
 from shunter.platform.models import Deployment, Model, Node, SloClass
 from shunter.tenants.models import ApiKey, RequestRecord, Tenant
 from shunter.tenants.services import api_key_create, tenant_create
-from tests import logcheck
 from tests.conftest import VENV_BIN, Process, free_port
+from tests.logcheck import log_check, pytest_configure  # noqa: F401 (the log check)
 
 ENGINE_TOKEN = "engine-token-for-tests"
 REDIS_URL = os.environ.get("REDIS_URL", "")
 # The gateway runs with production settings behind a TLS proxy; clients say so.
 HTTPS = {"X-Forwarded-Proto": "https"}
 DB = pytest.mark.django_db(transaction=True, serialized_rollback=True)
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    logcheck.register(config)
-
-
-@pytest.fixture(autouse=True)
-def _log_check(
-    request: pytest.FixtureRequest,
-    caplog: pytest.LogCaptureFixture,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[None]:
-    yield from logcheck.checked(request, caplog, tmp_path_factory.getbasetemp())
 
 
 def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 180) -> None:

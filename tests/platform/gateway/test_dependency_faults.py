@@ -26,6 +26,7 @@ from typing import Literal
 import pytest
 
 from shunter.tenants.models import RequestRecord
+from tests import faults
 from tests.conftest import free_port
 from tests.faults import FaultyProxy, Mode
 from tests.platform.gateway.conftest import (
@@ -53,12 +54,7 @@ def setup(world: World) -> LlamaSetup:
 # -- Redis ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def redis_proxy() -> Iterator[FaultyProxy]:
-    if not REDIS_URL:
-        pytest.skip("REDIS_URL is not set (make test sets it)")
-    url = urllib.parse.urlsplit(REDIS_URL)
-    proxy = FaultyProxy((url.hostname or "127.0.0.1", url.port or 6379))
-    yield proxy
-    proxy.close()
+    yield from faults.redis_proxy()
 
 
 @pytest.fixture(scope="module")
