@@ -143,6 +143,7 @@ class SloSpec:
 
 
 POLICIES = ("fcfs", "wf", "sf", "lvf")
+PREEMPTION_MODES = ("swap", "recompute")
 SHARING_MODES = ("spatial", "temporal")
 CAPACITY_SOURCES = ("free", "inactive", "rotation", "active")
 
@@ -180,8 +181,11 @@ class SchedulerConfig:
     ``xfer_budget_blocks`` is B_xfer, the blocks LVF may rotate per step (paper: 2400).
     ``max_batch_tokens`` is the per-step token budget shared by decodes and prefill
     chunks; ``max_running`` caps concurrently running requests (vLLM's max_num_seqs).
-    ``turn_quantum_s`` is the least time a temporal model holds the turn while it has
-    work. With ``step_target_s`` the prefill tokens of a step (chunks and admissions)
+    ``preemption`` is what a preempted request's KV becomes: ``swap`` (copied to host
+    memory when it has computed KV and swap space is free; it resumes as ROTARY) or
+    ``recompute`` (freed; it waits again and recomputes its context, as vLLM's V1
+    engine does). ``turn_quantum_s`` is the least time a temporal model holds the turn
+    while it has work. With ``step_target_s`` the prefill tokens of a step (chunks and admissions)
     are bounded further by a ``StepBudget``: as many as the measured step cost says fit
     in that many seconds (decodes still come first and are not cut by it), so one long
     prompt is chunked over several steps instead of holding every other request for
@@ -194,10 +198,15 @@ class SchedulerConfig:
     max_running: int = 256
     turn_quantum_s: float = 0.5
     step_target_s: float | None = None
+    preemption: str = "swap"
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.policy!r}; choose from {POLICIES}")
+        if self.preemption not in PREEMPTION_MODES:
+            raise ValueError(
+                f"unknown preemption {self.preemption!r}; choose from {PREEMPTION_MODES}"
+            )
         if self.xfer_budget_blocks < 0:
             raise ValueError("xfer_budget_blocks must be >= 0")
         if self.max_batch_tokens <= 0 or self.max_running <= 0:

@@ -526,11 +526,13 @@ class Scheduler:
 
     def _preempt(self, r: Request, plan: StepPlan) -> None:
         """RUNNING -> ROTARY with its KV swapped out; without KV worth keeping or host
-        space for it, RUNNING -> WAITING to recompute."""
+        space for it, or with ``preemption = "recompute"``, RUNNING -> WAITING to
+        recompute."""
         q = self.queues[r.model]
         r.num_preemptions += 1
         plan.preempted.append(r.id)
-        if r.num_computed_tokens and self.memory.can_swap_out(r):
+        swaps = self.config.preemption == "swap"
+        if swaps and r.num_computed_tokens and self.memory.can_swap_out(r):
             landed = self.memory.swap_out(r)
             q.move(r, ROTARY, landing=not landed)
             return

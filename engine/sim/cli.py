@@ -45,7 +45,13 @@ def add_simulate_parser(sub: argparse._SubParsersAction[Any]) -> None:
         "--hardware",
         help="gh200 (default), gh200-96g (a scenario's default), h200, h100 or a profile JSON",
     )
-    p.add_argument("--policy", type=_names, default=["lvf", "fcfs", "wf", "sf"], help="comma list")
+    p.add_argument(
+        "--policy",
+        type=_names,
+        default=["lvf", "fcfs", "wf", "sf"],
+        help="comma list of policies (lvf, fcfs, wf, sf) and baselines (vllm: vLLM 0.6.6's "
+        "V1 engine, recompute preemption; superinfer: LVF with SuperInfer's settings)",
+    )
     p.add_argument(
         "--rps",
         type=_floats,
@@ -75,14 +81,12 @@ def add_simulate_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument(
         "--max-running",
         type=int,
-        default=DEFAULTS.max_running,
-        help=f"cap on running requests (default {DEFAULTS.max_running})",
+        help=f"cap on running requests (default {DEFAULTS.max_running}; a baseline's own)",
     )
     p.add_argument(
         "--max-batch-tokens",
         type=int,
-        default=DEFAULTS.max_batch_tokens,
-        help=f"tokens per step (default {DEFAULTS.max_batch_tokens})",
+        help=f"tokens per step (default {DEFAULTS.max_batch_tokens}; a baseline's own)",
     )
     p.add_argument(
         "--cv", type=float, default=1.0, help="arrival burstiness: gamma CV (1 = Poisson)"
@@ -186,7 +190,7 @@ def _simulate_sweep(ns: argparse.Namespace) -> int:
         alpha=ns.alpha,
         beta_b=ns.beta_b,
         beta_f=ns.beta_f,
-        xfer_budget=DEFAULTS.xfer_budget_blocks if ns.xfer_budget is None else ns.xfer_budget,
+        xfer_budget=ns.xfer_budget,
         swap_bandwidth_scale=ns.swap_bandwidth_scale,
         max_running=ns.max_running,
         max_batch_tokens=ns.max_batch_tokens,
@@ -219,8 +223,10 @@ def _simulate_scenario(ns: argparse.Namespace) -> int:
         beta_f=ns.beta_f,
         xfer_budget=ns.xfer_budget,
         swap_bandwidth_scale=ns.swap_bandwidth_scale,
-        max_running=ns.max_running,
-        max_batch_tokens=ns.max_batch_tokens,
+        max_running=DEFAULTS.max_running if ns.max_running is None else ns.max_running,
+        max_batch_tokens=(
+            DEFAULTS.max_batch_tokens if ns.max_batch_tokens is None else ns.max_batch_tokens
+        ),
         turn_quantum_s=ns.quantum,
         remap_cap=ns.remap_cap,
         capacity_order=ns.capacity_order,

@@ -9,8 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from shunter.engine.config import SchedulerConfig, SloSpec
+from shunter.engine.config import RotationConfig, SchedulerConfig, SloSpec
 from shunter.engine.sim import report
+from shunter.engine.sim.baselines import get_baseline
 from shunter.engine.sim.catalog import get_model
 from shunter.engine.sim.hardware import get_profile
 from shunter.engine.sim.metrics import summarize
@@ -69,26 +70,44 @@ class SweepSpec:
     alpha: float = 3.0
     beta_b: float = 0.0
     beta_f: float = 0.5
-    xfer_budget: int = 2400
+    xfer_budget: int | None = None
     swap_bandwidth_scale: float = 1.0
-    max_running: int = 256
-    max_batch_tokens: int = 8192
+    max_running: int | None = None
+    max_batch_tokens: int | None = None
     cv: float = 1.0
     sharegpt: str | None = None
     trace: str | None = None
     seed: int = 0
 
     def sim_config(self, policy: str) -> SimConfig:
+        """The engine of ``policy``: a policy name with the engine's defaults, or a
+        baseline's name (``baselines.BASELINES``) with that system's settings; limits the
+        spec gives replace either's."""
+        baseline = get_baseline(policy)
+        if baseline is None:
+            defaults = SchedulerConfig(policy=policy)
+            scheduler = dataclasses.replace(
+                defaults,
+                max_running=self.max_running or defaults.max_running,
+                max_batch_tokens=self.max_batch_tokens or defaults.max_batch_tokens,
+                xfer_budget_blocks=(
+                    defaults.xfer_budget_blocks if self.xfer_budget is None else self.xfer_budget
+                ),
+            )
+            rotation = RotationConfig()
+        else:
+            scheduler = baseline.scheduler(
+                max_running=self.max_running,
+                max_batch_tokens=self.max_batch_tokens,
+                xfer_budget_blocks=self.xfer_budget,
+            )
+            rotation = baseline.rotation()
         return SimConfig(
             models=(get_model(self.model),),
             hardware=get_profile(self.hardware),
             slo=sweep_slo(self),
-            scheduler=SchedulerConfig(
-                policy=policy,
-                xfer_budget_blocks=self.xfer_budget,
-                max_batch_tokens=self.max_batch_tokens,
-                max_running=self.max_running,
-            ),
+            scheduler=scheduler,
+            rotation=rotation,
             swap_bandwidth_scale=self.swap_bandwidth_scale,
         )
 
@@ -155,6 +174,14 @@ def sweep_rows(spec: SweepSpec) -> list[report.Row]:
 
 def _config_json(spec: SweepSpec) -> dict[str, Any]:
     config = dataclasses.asdict(spec)
+    # What each policy or baseline ran with (limits the spec left out are its own).
+    config["engines"] = {}
+    for policy in spec.policies:
+        sim = spec.sim_config(policy)
+        config["engines"][policy] = {
+            **dataclasses.asdict(sim.scheduler),
+            "eager_rotation": sim.rotation.eager,
+        }
     hardware = get_profile(spec.hardware)
     config["hardware_profile"] = {
         **dataclasses.asdict(hardware),
