@@ -161,6 +161,7 @@ def simulate(config: SimConfig, workload: Sequence[WorkloadRequest]) -> SimRun:
         weights = WeightStreams(
             {m: t.t_transfer for m, t in timings.items()},
             {m.name: m.layer_bytes for m in config.models},
+            link=transfers.link,  # one link: weight copies and KV swap-ins share it
         )
     temporal = [t.model for t in engine_config.tenants if t.sharing == "temporal"]
     executor = SimulatedExecutor(

@@ -13,6 +13,26 @@ from shunter.engine.sim.cost import CopyBatch, CopyCostModel
 
 
 @dataclass
+class HostToDeviceLink:
+    """The host-to-device direction of the link, shared by every copy that crosses it:
+    KV swap-ins (``SimulatedTransfers``) and weight copies (``sim.weights``). Copies
+    take it in issue order, each for as long as it needs the link alone, so what is
+    copied over any span of time never exceeds what the link moves in it; a copy that
+    waits for the link delays what waits for the copy."""
+
+    free_at: float = 0.0
+    busy_s: float = 0.0
+
+    def reserve(self, not_before: float, duration_s: float) -> float:
+        """Take the link for ``duration_s`` from ``not_before`` or once it is free; when
+        the copy lands."""
+        start = max(self.free_at, not_before)
+        self.free_at = start + duration_s
+        self.busy_s += duration_s
+        return self.free_at
+
+
+@dataclass
 class TransferTotals:
     """Everything the copy streams did in a run."""
 
@@ -27,10 +47,11 @@ class SimulatedTransfers(Transfers):
     """Runs each plan's D2H and H2D batches as two concurrent batched copies.
 
     A step's two batches start together when submitted, or when the previous step's
-    batches are done if those are still running (each stream is FIFO); their completion
-    times come from ``CopyCostModel.duplex_times``. A step without copies completes with
-    the steps before it, so steps complete in increasing order. ``pop_h2d_done(step)``
-    tells the simulated executor when a step's swap-ins have landed.
+    batches are done if those are still running (each stream is FIFO); their times come
+    from ``CopyCostModel.duplex_times``. The H2D batch also waits for the host-to-device
+    ``link`` (shared with weight copies). A step without copies completes with the steps
+    before it, so steps complete in increasing order. ``pop_h2d_done(step)`` tells the
+    simulated executor when a step's swap-ins have landed.
     """
 
     def __init__(
@@ -38,10 +59,12 @@ class SimulatedTransfers(Transfers):
         clock: VirtualClock,
         copies: CopyCostModel,
         block_bytes: Mapping[str, int],
+        link: HostToDeviceLink | None = None,
     ) -> None:
         self._clock = clock
         self._copies = copies
         self._block_bytes = dict(block_bytes)
+        self.link = HostToDeviceLink() if link is None else link
         self._pending: deque[tuple[float, int]] = deque()  # (completion time, step)
         self._h2d_done: dict[int, float] = {}
         self._free_at = 0.0
@@ -64,7 +87,8 @@ class SimulatedTransfers(Transfers):
             done = h2d_done = start
         else:
             d2h_s, h2d_s = self._copies.duplex_times(d2h, h2d)
-            done, h2d_done = start + max(d2h_s, h2d_s), start + h2d_s
+            h2d_done = self.link.reserve(start, h2d_s) if h2d_s > 0 else start
+            done = max(start + d2h_s, h2d_done)
             self._free_at = done
             self.totals.busy_s += done - start
         self.totals.d2h_blocks += plan.num_d2h_blocks

@@ -12,16 +12,18 @@ The pipeline is circular (Oneiros §5.4): right after a pass, the first streamed
 of the next pass are copied into the slots as they free up, during whatever comes
 between the two passes. A changed layout starts over with empty slots.
 
-All models' weight copies share one host-to-device copy stream, in issue order. They
-are assumed not to contend with the KV transfer streams: the simulator's KV copies and
-weight copies each see the link's full one-direction bandwidth (an optimistic
-simplification where both run at once).
+All models' weight copies share the host-to-device link with the KV swap-ins
+(``transfers.HostToDeviceLink``), in issue order: a weight copy waits while a swap-in
+holds the link and the other way round, so the two never move more together than the
+link's one-direction bandwidth.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+
+from shunter.engine.sim.transfers import HostToDeviceLink
 
 
 @dataclass(frozen=True)
@@ -46,20 +48,24 @@ class _Pipeline:
 class WeightStreams:
     """Weight copies of every model on one stream, and the layer waits they cause.
 
-    ``t_transfer[m]`` is the time to copy one layer of model m host-to-device and
-    ``layer_bytes[m]`` its size.
+    ``t_transfer[m]`` is the time to copy one layer of model m host-to-device (the link
+    alone) and ``layer_bytes[m]`` its size; ``link`` is the host-to-device link the
+    copies share with KV swap-ins (a link of their own when not given).
     """
 
-    def __init__(self, t_transfer: Mapping[str, float], layer_bytes: Mapping[str, int]) -> None:
+    def __init__(
+        self,
+        t_transfer: Mapping[str, float],
+        layer_bytes: Mapping[str, int],
+        link: HostToDeviceLink | None = None,
+    ) -> None:
         self.t_transfer = dict(t_transfer)
         self.layer_bytes = dict(layer_bytes)
-        self.free_at = 0.0
+        self.link = HostToDeviceLink() if link is None else link
         self._pipelines: dict[str, _Pipeline] = {}
 
     def _copy(self, model: str, not_before: float) -> float:
-        start = max(self.free_at, not_before)
-        self.free_at = start + self.t_transfer[model]
-        return self.free_at
+        return self.link.reserve(not_before, self.t_transfer[model])
 
     def load(self, model: str, layers: Sequence[int], now: float) -> int:
         """Issue one-time loads of ``layers`` (restored to residency) at ``now``; the

@@ -1,11 +1,16 @@
 """Weight residency on the virtual clock: slots hide copies when the paper's inequalities
-hold, and a layer neither resident nor copied in time is a recorded stall."""
+hold, a layer neither resident nor copied in time is a recorded stall, and weight copies
+share the host-to-device link with KV swap-ins."""
 
 from __future__ import annotations
 
 import pytest
 
 from shunter.engine.remap.layers import num_slots, select
+from shunter.engine.sim.hardware import get_profile
+from shunter.engine.sim.runner import simulate
+from shunter.engine.sim.scenario_sweep import ScenarioSpec
+from shunter.engine.sim.transfers import HostToDeviceLink
 from shunter.engine.sim.weights import PassTiming, WeightStreams
 
 N, T_C, HEAD = 40, 1e-3, 2e-4
@@ -102,3 +107,23 @@ def test_models_share_one_copy_stream() -> None:
     b = streams.run_pass("b", 0.0, num_layers=4, t_layer=T_C, t_head=0.0)
     assert a.end == pytest.approx(10 * T_C + T_C)
     assert b.stall_s == pytest.approx(20 * T_C)  # queued behind a's load
+
+
+def test_weight_copies_wait_for_kv_swap_ins_on_the_shared_link() -> None:
+    link = HostToDeviceLink()
+    assert link.reserve(0.0, 2.0) == 2.0  # a KV swap-in holds the link until t = 2
+    streams = WeightStreams({"m": 1.0}, {"m": 1000}, link=link)
+    streams.load("m", [0], 0.5)  # a restored layer, issued while the swap-in runs
+    timing = streams.run_pass("m", 0.0, num_layers=2, t_layer=0.1, t_head=0.0)
+    # It lands at 3 (after the swap-in, then its own second), not at 1.5.
+    assert timing.stall_s == pytest.approx(3.0)
+    assert link.free_at == pytest.approx(3.0) and link.busy_s == pytest.approx(3.0)
+
+
+def test_a_combined_run_never_moves_more_than_the_link_carries() -> None:
+    # c1 spatial with remapping and rotation: weight streaming and KV swap-ins at once.
+    spec = ScenarioSpec("c1", ("spatial",), ("combined",), (16.0,), duration_s=20.0)
+    run = simulate(spec.sim_config("combined", "spatial"), spec.workload("spatial", 16.0))
+    link_bw = max(bandwidth for _, bandwidth in get_profile(spec.hardware_name).copy_curve)
+    assert run.weight_bytes > 0 and run.h2d_bytes > 0
+    assert (run.weight_bytes + run.h2d_bytes) / run.sim_duration_s <= link_bw
