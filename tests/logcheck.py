@@ -112,8 +112,8 @@ def checked(
         )
 
 
-# What a conftest imports to put its directory's tests under the check:
-# ``from tests.logcheck import log_check, pytest_configure  # noqa: F401``.
+# A conftest imports these two (``log_check`` and ``pytest_configure``, as unused names
+# the linter is told to keep) to put its directory's tests under the check.
 def pytest_configure(config: pytest.Config) -> None:
     register(config)
 
