@@ -223,4 +223,18 @@ def bench_simulator(*, rate: float, duration_s: float, policies: Sequence[str]) 
             f"{run.sim_duration_s / wall:7.1f} sim-s/wall-s ({run.num_steps} steps)"
         )
     print(f"  all   {total_sim / total_wall:7.1f} sim-s/wall-s (target >= 20)")
+    # One multi-model scenario too: two models sharing the KV pool, remapping and
+    # rotation at once (c2 spatial, combined), at 4 req/s per model for 30 s.
+    from shunter.engine.sim.scenario_sweep import ScenarioSpec
+
+    scenario = ScenarioSpec("c2", ("spatial",), ("combined",), (4.0,), duration_s=30.0)
+    workload = scenario.workload("spatial", 4.0)
+    start = time.perf_counter()
+    run = simulate(scenario.sim_config("combined", "spatial"), workload)
+    wall = time.perf_counter() - start
+    print(
+        f"  scenario c2 spatial combined, 4 req/s per model for 30 s: "
+        f"{run.sim_duration_s:.1f} simulated s in {wall:.2f} wall s: "
+        f"{run.sim_duration_s / wall:.1f} sim-s/wall-s ({run.num_steps} steps; target >= 20)"
+    )
     return 0

@@ -98,6 +98,19 @@ def test_the_simulators_figure_is_read_from_its_all_line() -> None:
     assert simulator_figures(lines[:1]) == []
 
 
+def test_the_simulators_scenario_figure_is_read_from_its_scenario_line() -> None:
+    lines = [
+        "  all      37.5 sim-s/wall-s (target >= 20)\n",
+        "  scenario c2 spatial combined, 4 req/s per model for 30 s: 215.1 simulated s in "
+        "4.11 wall s: 52.3 sim-s/wall-s (10136 steps; target >= 20)\n",
+    ]
+    figures = simulator_figures(lines)
+    assert [(f.name, f.value, f.target) for f in figures] == [
+        ("simulator.sim_s_per_wall_s", 37.5, 20.0),
+        ("simulator.scenario_sim_s_per_wall_s", 52.3, 20.0),
+    ]
+
+
 def test_the_benchmarks_are_those_of_make_bench() -> None:
     script = (REPO / "scripts" / "bench.sh").read_text()
     assert [b.name for b in BENCHES] == re.findall(r'/bin/shunter" bench (\S+)', script)
