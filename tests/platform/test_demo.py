@@ -267,9 +267,9 @@ def test_a_burst_on_the_demos_engine_rotates_kv_and_borrows_the_idle_models_laye
     # The demo's engine as the demo starts it (arena, remapping, sharing modes), on the
     # demo's models, under a burst of its batch tenant on the spatial model while nobody
     # calls the temporal one. How many layers a model may lend rests on T_T, measured
-    # once at start from three host copies of a layer: on a loaded CPU a start now and
-    # then measures copies too slow to lend any (about 1 in 20 here), so a start that
-    # lent nothing is tried again, at most three in all.
+    # once at start (the fastest of five host copies of a layer): should a loaded CPU
+    # still slow every one of them too much to lend any, a start that lent nothing is
+    # tried again, at most three in all.
     model_dirs = ensure_model_dirs(tmp_path / "models")
     for _ in range(3):
         engine = EngineProcess.start(model_dirs, tmp_path / "engine.log")
