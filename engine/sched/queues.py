@@ -18,8 +18,9 @@ class RequestQueues:
     """WAITING, RUNNING and ROTARY requests of one model, keyed by id.
 
     Dicts keep insertion order and remove in O(1): ``running`` is in the order requests
-    became RUNNING, ``waiting`` in arrival order (recompute preemptions re-enter at the
-    back), ``rotary`` in preemption order. ROTARY requests whose host copies are still in
+    became RUNNING, ``waiting`` in arrival order (a request preempted to recompute
+    re-enters at its place, ahead of later arrivals, as vLLM puts it back at the head),
+    ``rotary`` in preemption order. ROTARY requests whose host copies are still in
     flight wait in ``landing`` and cannot be swapped in yet.
     """
 
@@ -61,8 +62,23 @@ class RequestQueues:
             self.landing[rid] = request
         elif state is RUNNING:
             self.running[rid] = request
+        elif state is WAITING:
+            self._wait(request)
         else:
             self.of(state)[rid] = request
+
+    def _wait(self, request: Request) -> None:
+        """Put ``request`` into ``waiting`` at its place by arrival, in place."""
+        waiting, later = self.waiting, []
+        for r in reversed(waiting.values()):
+            if r.t_arr <= request.t_arr:
+                break
+            later.append(r)
+        for r in later:
+            del waiting[r.id]
+        waiting[request.id] = request
+        for r in reversed(later):
+            waiting[r.id] = r
 
     def land(self, has_landed: Callable[[Request], bool]) -> None:
         """Move landing requests whose copies completed to ``rotary``, in order."""

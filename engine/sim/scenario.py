@@ -33,20 +33,28 @@ SHARING = ("temporal", "spatial")
 
 @dataclass(frozen=True)
 class Variant:
-    """A compared configuration: the scheduling ``policy`` and whether layers remap."""
+    """A compared configuration: the scheduling ``policy``, whether layers remap, what
+    a preempted request's KV becomes (``SchedulerConfig.preemption``) and whether blocks
+    rotate to host ahead of preemption (DuplexKV's eager rotation)."""
 
     name: str
     policy: str
     remap: bool
+    preemption: str
+    eager_rotation: bool
 
 
+# Oneiros' baseline is vLLM (v0.7.3, §7.1), which out of KV "pause[s] the decode process
+# for all active requests, evict[s] one, and recompute[s] its KV cache" (§7.2); Oneiros
+# is built into that vLLM and remaps weights instead of swapping KV (§1, §3.2), so both
+# recompute whatever remapping cannot cover. RotaSched swaps and rotates (SuperInfer §4).
 VARIANTS: dict[str, Variant] = {
     v.name: v
     for v in (
-        Variant("none", "fcfs", remap=False),
-        Variant("oneiros", "fcfs", remap=True),
-        Variant("rotasched", "lvf", remap=False),
-        Variant("combined", "lvf", remap=True),
+        Variant("none", "fcfs", False, preemption="recompute", eager_rotation=False),
+        Variant("oneiros", "fcfs", True, preemption="recompute", eager_rotation=False),
+        Variant("rotasched", "lvf", False, preemption="swap", eager_rotation=True),
+        Variant("combined", "lvf", True, preemption="swap", eager_rotation=True),
     )
 }
 

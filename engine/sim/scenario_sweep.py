@@ -17,6 +17,7 @@ from typing import Any
 from shunter.engine.config import (
     CAPACITY_SOURCES,
     RemapConfig,
+    RotationConfig,
     SchedulerConfig,
     TenantSpec,
 )
@@ -121,11 +122,13 @@ class ScenarioSpec:
                 capacity_order=self.capacity_order,
             ),
             swap_bandwidth_scale=self.swap_bandwidth_scale,
+            rotation=RotationConfig(eager=v.eager_rotation),
         )
         # The engine counts B_xfer in blocks of its largest block size.
         largest = max(m.block_bytes(config.block_tokens) for m in scenario.models)
         scheduler = SchedulerConfig(
             policy=v.policy,
+            preemption=v.preemption,
             xfer_budget_blocks=max(1, self.xfer_budget_bytes // largest),
             max_running=self.max_running,
             max_batch_tokens=self.max_batch_tokens,
