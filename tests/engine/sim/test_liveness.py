@@ -1,6 +1,7 @@
 """Every request finishes: random multi-model engines (2-4 models, temporal and spatial,
-every policy, remapping on or off) on small KV pools, where models contend for memory
-and a model's head request often cannot be placed until another gives chunks back."""
+every policy, swap or recompute preemption, remapping on or off) on small KV pools,
+where models contend for memory and a model's head request often cannot be placed
+until another gives chunks back."""
 
 from __future__ import annotations
 
@@ -50,7 +51,12 @@ def engines(draw: st.DrawFn) -> tuple[SimConfig, list[WorkloadRequest]]:
         models=models,
         hardware=hardware,
         slo=SLO,
-        scheduler=SchedulerConfig(policy=policy, xfer_budget_blocks=32, turn_quantum_s=0.2),
+        scheduler=SchedulerConfig(
+            policy=policy,
+            preemption=draw(st.sampled_from(("swap", "recompute"))),
+            xfer_budget_blocks=32,
+            turn_quantum_s=0.2,
+        ),
         tenants=tenants,
         remap=RemapConfig(enabled=draw(st.booleans())),
     )
