@@ -288,3 +288,10 @@ class LlamaSetup:
         payload = {"model": "llama", "prompt": "Hello", "max_tokens": 1, **body}
         gateway = url or self.world.gateway.url
         return call("POST", gateway + "/v1/completions", payload, headers=headers)
+
+
+@pytest.fixture
+def llama_setup(world: World) -> LlamaSetup:
+    """The world with one llama deployment on a node of the test engine."""
+    node = world.node("llama-node", world.engine.url)
+    return LlamaSetup(world, world.deployment(node, "llama"))

@@ -45,12 +45,6 @@ from tests.waiting import wait_for
 pytestmark = [pytest.mark.slow, DB]
 
 
-@pytest.fixture
-def setup(world: World) -> LlamaSetup:
-    node = world.node("faults-node", world.engine.url)
-    return LlamaSetup(world, world.deployment(node, "llama"))
-
-
 # -- Redis ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def redis_proxy() -> Iterator[FaultyProxy]:
@@ -80,27 +74,27 @@ def redis_faults(redis_proxy: FaultyProxy) -> Iterator[FaultyProxy]:
 
 @pytest.mark.parametrize("fault", ["refuse", "kill", "hang", "junk"])
 def test_every_redis_failure_at_admission_is_a_503_quota_unavailable(
-    setup: LlamaSetup, proxied_gateway: Gateway, redis_faults: FaultyProxy, fault: Mode
+    llama_setup: LlamaSetup, proxied_gateway: Gateway, redis_faults: FaultyProxy, fault: Mode
 ) -> None:
-    tenant = setup.world.tenant(setup.llama, rpm_limit=100)
-    _, secret = setup.world.key(tenant)
+    tenant = llama_setup.world.tenant(llama_setup.llama, rpm_limit=100)
+    _, secret = llama_setup.world.key(tenant)
     url = proxied_gateway.url
-    assert setup.completion(secret, url=url).status == 200
+    assert llama_setup.completion(secret, url=url).status == 200
     redis_faults.set(fault)
     redis_faults.drop_connections()  # pooled connections die with the outage
-    r = setup.completion(secret, url=url)
+    r = llama_setup.completion(secret, url=url)
     assert r.status == 503, r.body
     assert (r.error["type"], r.error["code"]) == ("service_unavailable", "quota_unavailable")
     assert r.headers["retry-after"] == "1"
     redis_faults.set("forward")
-    assert setup.completion(secret, url=url).status == 200  # served again at once
+    assert llama_setup.completion(secret, url=url).status == 200  # served again at once
 
 
 def test_a_lease_whose_release_redis_missed_is_given_back_when_redis_answers(
-    setup: LlamaSetup, proxied_gateway: Gateway, redis_faults: FaultyProxy
+    llama_setup: LlamaSetup, proxied_gateway: Gateway, redis_faults: FaultyProxy
 ) -> None:
-    tenant = setup.world.tenant(setup.llama, concurrency_limit=1)
-    _, secret = setup.world.key(tenant)
+    tenant = llama_setup.world.tenant(llama_setup.llama, concurrency_limit=1)
+    _, secret = llama_setup.world.key(tenant)
     conn = http.client.HTTPConnection("127.0.0.1", proxied_gateway.port, timeout=60)
     body = {"model": "llama", "prompt": "Go on", "max_tokens": 1900, "ignore_eos": True}
     rid = f"release-missed-{tenant.pk}"
@@ -112,11 +106,11 @@ def test_a_lease_whose_release_redis_missed_is_given_back_when_redis_answers(
     conn.close()  # the request ends while Redis cannot take its release
     record = wait_record(rid)  # written after the first, failed, release
     assert record.status == RequestRecord.Status.ABORTED
-    assert setup.completion(secret, url=proxied_gateway.url).status == 503
+    assert llama_setup.completion(secret, url=proxied_gateway.url).status == 503
     redis_faults.set("forward")
     # Well within the lease's lifetime: the background retry gave it back.
     wait_for(
-        lambda: setup.completion(secret, url=proxied_gateway.url).status == 200,
+        lambda: llama_setup.completion(secret, url=proxied_gateway.url).status == 200,
         15,
         "the tenant's concurrency slot back",
         interval=0.2,

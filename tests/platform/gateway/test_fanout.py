@@ -25,7 +25,6 @@ from tests.platform.gateway.conftest import (
     Gateway,
     LlamaSetup,
     Process,
-    World,
     bearer,
     wait_record,
 )
@@ -33,25 +32,19 @@ from tests.platform.gateway.conftest import (
 pytestmark = [pytest.mark.slow, DB]
 
 
-@pytest.fixture
-def setup(world: World) -> LlamaSetup:
-    node = world.node("fanout-node", world.engine.url)
-    return LlamaSetup(world, world.deployment(node, "llama"))
-
-
-def test_a_fan_out_past_the_bound_is_refused_before_admission(setup: LlamaSetup) -> None:
-    tenant = setup.world.tenant(setup.llama, rpm_limit=1)
-    _, secret = setup.world.key(tenant)
-    r = setup.completion(secret, prompt=["Hello"] * 3000, n=8)
+def test_a_fan_out_past_the_bound_is_refused_before_admission(llama_setup: LlamaSetup) -> None:
+    tenant = llama_setup.world.tenant(llama_setup.llama, rpm_limit=1)
+    _, secret = llama_setup.world.key(tenant)
+    r = llama_setup.completion(secret, prompt=["Hello"] * 3000, n=8)
     assert r.status == 400
     assert (r.error["type"], r.error["param"]) == ("invalid_request_error", "prompt")
     assert "24000 sequences (3000 prompts x n=8)" in r.error["message"]
     assert "at most 128" in r.error["message"]
-    r = setup.completion(secret, prompt=["Hello"] * 32, n=8)
+    r = llama_setup.completion(secret, prompt=["Hello"] * 32, n=8)
     assert r.status == 400 and r.error["param"] == "n"
-    assert setup.world.engine.live_requests() == 0
+    assert llama_setup.world.engine.live_requests() == 0
     # Refused before admission: the one request a minute is still there.
-    assert setup.completion(secret).status == 200
+    assert llama_setup.completion(secret).status == 200
 
 
 def wait_fresh_minute(needed_s: float = 15.0) -> None:
@@ -60,48 +53,48 @@ def wait_fresh_minute(needed_s: float = 15.0) -> None:
         time.sleep(0.2)
 
 
-def test_tokens_per_minute_reserve_every_sequence_then_settle(setup: LlamaSetup) -> None:
-    tenant = setup.world.tenant(setup.llama, tpm_limit=100)
-    _, secret = setup.world.key(tenant)
+def test_tokens_per_minute_reserve_every_sequence_then_settle(llama_setup: LlamaSetup) -> None:
+    tenant = llama_setup.world.tenant(llama_setup.llama, tpm_limit=100)
+    _, secret = llama_setup.world.key(tenant)
     wait_fresh_minute()
     # "Hello": 5 bytes + 8 margin; 20 tokens for its one sequence.
     rid = f"tpm-{tenant.pk}"
-    r = setup.completion(secret, rid, max_tokens=20, ignore_eos=True)
+    r = llama_setup.completion(secret, rid, max_tokens=20, ignore_eos=True)
     assert r.status == 200 and r.headers["x-ratelimit-remaining-tokens"] == str(100 - 33)
     record = wait_record(rid)
     used = record.prompt_tokens + record.completion_tokens
     assert record.completion_tokens == 20
     # 8 sequences of 64 tokens could never fit 100 tokens a minute.
-    r = setup.completion(secret, n=8, max_tokens=64)
+    r = llama_setup.completion(secret, n=8, max_tokens=64)
     assert r.status == 400 and r.error["param"] == "max_tokens"
     assert "up to 525 tokens" in r.error["message"] and "8 sequences" in r.error["message"]
     # The first request's reservation was settled to what it used.
-    r = setup.completion(secret, max_tokens=1)
+    r = llama_setup.completion(secret, max_tokens=1)
     assert r.status == 200
     assert r.headers["x-ratelimit-remaining-tokens"] == str(100 - used - 14)
     # What is left cannot hold 4 sequences of 20 more.
-    r = setup.completion(secret, n=4, max_tokens=20)
+    r = llama_setup.completion(secret, n=4, max_tokens=20)
     assert r.status == 429 and r.error["code"] == "rate_limit_exceeded"
     assert "this request may use up to 93" in r.error["message"]
 
 
-def test_concurrency_counts_sequences(setup: LlamaSetup) -> None:
-    tenant = setup.world.tenant(setup.llama, concurrency_limit=2)
-    _, secret = setup.world.key(tenant)
-    r = setup.completion(secret, n=3)
+def test_concurrency_counts_sequences(llama_setup: LlamaSetup) -> None:
+    tenant = llama_setup.world.tenant(llama_setup.llama, concurrency_limit=2)
+    _, secret = llama_setup.world.key(tenant)
+    r = llama_setup.completion(secret, n=3)
     assert r.status == 400 and r.error["param"] == "n"
     assert "3 sequences" in r.error["message"] and "limit of 2" in r.error["message"]
-    conn = http.client.HTTPConnection("127.0.0.1", setup.world.gateway.port, timeout=60)
+    conn = http.client.HTTPConnection("127.0.0.1", llama_setup.world.gateway.port, timeout=60)
     body = {"model": "llama", "prompt": "Go on", "max_tokens": 1900, "n": 2}
     body |= {"ignore_eos": True, "stream": True}
     conn.request("POST", "/v1/completions", json.dumps(body), {**HTTPS, **bearer(secret)})
     reply = conn.getresponse()
     assert reply.status == 200 and reply.readline().startswith(b"data: {")
-    busy = setup.completion(secret)
+    busy = llama_setup.completion(secret)
     assert busy.status == 429 and "2 sequences and this request runs 1" in busy.error["message"]
     conn.close()
     deadline = time.monotonic() + 10
-    while (r := setup.completion(secret, n=2)).status == 429:
+    while (r := llama_setup.completion(secret, n=2)).status == 429:
         assert time.monotonic() < deadline, r.body
         time.sleep(0.1)
     assert r.status == 200 and len(r.json()["choices"]) == 2
@@ -127,17 +120,17 @@ def own_redis(tmp_path: Path) -> Iterator[tuple[Process, str]]:
 
 
 def test_an_unreachable_quota_store_fails_closed(
-    setup: LlamaSetup, own_redis: tuple[Process, str], tmp_path: Path
+    llama_setup: LlamaSetup, own_redis: tuple[Process, str], tmp_path: Path
 ) -> None:
     server, url = own_redis
-    tenant = setup.world.tenant(setup.llama, rpm_limit=100)
-    _, secret = setup.world.key(tenant)
+    tenant = llama_setup.world.tenant(llama_setup.llama, rpm_limit=100)
+    _, secret = llama_setup.world.key(tenant)
     gateway = Gateway(tmp_path / "gateway.log", {"REDIS_URL": url})
     try:
-        assert setup.completion(secret, url=gateway.url).status == 200
+        assert llama_setup.completion(secret, url=gateway.url).status == 200
         server.stop()  # the pooled connection breaks, and nothing listens any more
         for _ in range(3):
-            r = setup.completion(secret, url=gateway.url)
+            r = llama_setup.completion(secret, url=gateway.url)
             assert r.status == 503, r.body
             assert (r.error["type"], r.error["code"]) == (
                 "service_unavailable",
@@ -151,12 +144,12 @@ def test_an_unreachable_quota_store_fails_closed(
         gateway.stop()
 
 
-def test_a_killed_redis_connection_is_no_error(setup: LlamaSetup) -> None:
+def test_a_killed_redis_connection_is_no_error(llama_setup: LlamaSetup) -> None:
     if not REDIS_URL:
         pytest.skip("REDIS_URL is not set (make test sets it)")
-    tenant = setup.world.tenant(setup.llama, rpm_limit=100, concurrency_limit=4)
-    _, secret = setup.world.key(tenant)
-    assert setup.completion(secret).status == 200
+    tenant = llama_setup.world.tenant(llama_setup.llama, rpm_limit=100, concurrency_limit=4)
+    _, secret = llama_setup.world.key(tenant)
+    assert llama_setup.completion(secret).status == 200
     admin = redis.Redis.from_url(REDIS_URL)
     own = admin.client_id()
     db = redis.connection.parse_url(REDIS_URL).get("db", 0)
@@ -164,20 +157,20 @@ def test_a_killed_redis_connection_is_no_error(setup: LlamaSetup) -> None:
     assert victims  # the gateway's quota connections
     for victim in victims:
         admin.client_kill_filter(_id=victim)
-    statuses = [setup.completion(secret).status for _ in range(3)]
+    statuses = [llama_setup.completion(secret).status for _ in range(3)]
     assert statuses == [200] * 3
 
 
 def test_a_stream_that_ends_early_counts_the_engines_tokens(
-    setup: LlamaSetup, model_dirs: dict[str, Path], tmp_path: Path
+    llama_setup: LlamaSetup, model_dirs: dict[str, Path], tmp_path: Path
 ) -> None:
     engine = Engine({"llama": model_dirs["tiny-llama"]}, tmp_path / "engine.log")
     try:
-        node = setup.world.node("doomed-node", engine.url)
-        tenant = setup.world.tenant(setup.world.deployment(node, "llama"))
-        _, secret = setup.world.key(tenant)
+        node = llama_setup.world.node("doomed-node", engine.url)
+        tenant = llama_setup.world.tenant(llama_setup.world.deployment(node, "llama"))
+        _, secret = llama_setup.world.key(tenant)
         rid = f"early-{tenant.pk}"
-        conn = http.client.HTTPConnection("127.0.0.1", setup.world.gateway.port, timeout=60)
+        conn = http.client.HTTPConnection("127.0.0.1", llama_setup.world.gateway.port, timeout=60)
         body = {"model": "llama", "prompt": "Tell me everything", "max_tokens": 1900}
         body |= {"ignore_eos": True, "stream": True}
         headers = {**HTTPS, **bearer(secret), "X-Request-Id": rid}

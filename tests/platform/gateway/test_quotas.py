@@ -18,7 +18,6 @@ from tests.platform.gateway.conftest import (
     HTTPS,
     REDIS_URL,
     LlamaSetup,
-    World,
     bearer,
     wait_record,
 )
@@ -26,17 +25,11 @@ from tests.platform.gateway.conftest import (
 pytestmark = [pytest.mark.slow, DB]
 
 
-@pytest.fixture
-def setup(world: World) -> LlamaSetup:
-    node = world.node("quota-node", world.engine.url)
-    return LlamaSetup(world, world.deployment(node, "llama"))
-
-
-def test_thirty_parallel_requests_admit_exactly_ten_per_minute(setup: LlamaSetup) -> None:
-    tenant = setup.world.tenant(setup.llama, rpm_limit=10)
-    _, secret = setup.world.key(tenant)
+def test_thirty_parallel_requests_admit_exactly_ten_per_minute(llama_setup: LlamaSetup) -> None:
+    tenant = llama_setup.world.tenant(llama_setup.llama, rpm_limit=10)
+    _, secret = llama_setup.world.key(tenant)
     with ThreadPoolExecutor(30) as pool:
-        replies = list(pool.map(lambda _: setup.completion(secret), range(30)))
+        replies = list(pool.map(lambda _: llama_setup.completion(secret), range(30)))
     assert sorted(r.status for r in replies).count(200) == 10
     refused = [r for r in replies if r.status != 200]
     assert {r.status for r in refused} == {429}
@@ -55,13 +48,13 @@ def test_thirty_parallel_requests_admit_exactly_ten_per_minute(setup: LlamaSetup
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_spent_token_budget_stops_further_requests(setup: LlamaSetup, stream: bool) -> None:
+def test_a_spent_token_budget_stops_further_requests(llama_setup: LlamaSetup, stream: bool) -> None:
     # The first request reserves 5 + 8 (the prompt's estimate) + 24 tokens of 40; the
     # next one's reservation no longer fits what is left after it.
-    tenant = setup.world.tenant(setup.llama, token_budget=40, budget_period="day")
-    _, secret = setup.world.key(tenant)
+    tenant = llama_setup.world.tenant(llama_setup.llama, token_budget=40, budget_period="day")
+    _, secret = llama_setup.world.key(tenant)
     rid = f"budget-{stream}-{tenant.pk}"
-    r = setup.completion(secret, rid, max_tokens=24, ignore_eos=True, stream=stream)
+    r = llama_setup.completion(secret, rid, max_tokens=24, ignore_eos=True, stream=stream)
     assert r.status == 200
     if stream:  # the client did not ask for usage and got none
         events = [e for e in r.body.split(b"\n\n") if e]
@@ -69,17 +62,19 @@ def test_a_spent_token_budget_stops_further_requests(setup: LlamaSetup, stream: 
         assert all(json.loads(e[6:])["choices"] for e in events[:-1])
     record = wait_record(rid)
     assert record.completion_tokens == 24 and record.prompt_tokens > 0
-    r = setup.completion(secret)
+    r = llama_setup.completion(secret)
     assert r.status == 429
     assert (r.error["type"], r.error["code"]) == ("insufficient_quota",) * 2
     assert "40 tokens per day" in r.error["message"]
     assert int(r.headers["retry-after"]) <= 86400
 
 
-def test_a_client_that_leaves_gives_back_its_lease_and_aborts_upstream(setup: LlamaSetup) -> None:
-    tenant = setup.world.tenant(setup.llama, concurrency_limit=1)
-    _, secret = setup.world.key(tenant)
-    conn = http.client.HTTPConnection("127.0.0.1", setup.world.gateway.port, timeout=60)
+def test_a_client_that_leaves_gives_back_its_lease_and_aborts_upstream(
+    llama_setup: LlamaSetup,
+) -> None:
+    tenant = llama_setup.world.tenant(llama_setup.llama, concurrency_limit=1)
+    _, secret = llama_setup.world.key(tenant)
+    conn = http.client.HTTPConnection("127.0.0.1", llama_setup.world.gateway.port, timeout=60)
     body = {
         "model": "llama",
         "prompt": "Tell me everything",
@@ -91,18 +86,18 @@ def test_a_client_that_leaves_gives_back_its_lease_and_aborts_upstream(setup: Ll
     conn.request("POST", "/v1/completions", json.dumps(body), headers=headers)
     reply = conn.getresponse()
     assert reply.status == 200 and reply.readline().startswith(b"data: {")
-    busy = setup.completion(secret)
+    busy = llama_setup.completion(secret)
     assert busy.status == 429 and "concurrent" in busy.error["message"]
-    assert setup.world.engine.live_requests() == 1
+    assert llama_setup.world.engine.live_requests() == 1
     conn.close()  # the client goes away mid-stream
     deadline = time.monotonic() + 10
-    while (r := setup.completion(secret)).status == 429:
+    while (r := llama_setup.completion(secret)).status == 429:
         assert time.monotonic() < deadline, r.body
         time.sleep(0.1)
     assert r.status == 200
     record = wait_record(f"leaver-{tenant.pk}")
     assert record.status == RequestRecord.Status.ABORTED
     assert 0 < record.completion_tokens < 1900
-    while setup.world.engine.live_requests():
+    while llama_setup.world.engine.live_requests():
         assert time.monotonic() < deadline, "the engine still runs the abandoned request"
         time.sleep(0.1)
