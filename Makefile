@@ -2,7 +2,7 @@
 VENV ?= .venv
 export VENV
 
-.PHONY: install demo test lint typecheck bench bench-check sim clean
+.PHONY: install demo test lint typecheck bench bench-check gpu-check gpu-wheels sim clean
 
 install:
 	@bash scripts/install.sh
@@ -25,6 +25,16 @@ bench: install
 # The same benchmarks held to their targets within stated noise margins; fails on a miss.
 bench-check: install
 	@bash scripts/bench_check.sh
+
+# On a CUDA machine: every CUDA test, the kernel benchmarks, a calibration and the executor
+# benchmarks on the device, in one report folder (var/gpu-check). Installs nothing from a
+# registry; `make gpu-wheels` (here) puts the pure-Python test imports in .whl/ to carry.
+gpu-check:
+	@bash scripts/gpu_check.sh
+
+gpu-wheels:
+	@python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+	  --implementation cp -d .whl "django>=5.2,<5.3" asgiref sqlparse
 
 # A SIMULATED comparison of the four policies on the paper's setting (Qwen2.5-32B, GH200).
 sim: install

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# One command for a CUDA machine: every CUDA test, the kernel benchmarks, a calibration
+# and the executor's benchmarks on the device, written to one report folder.
+#
+#   bash scripts/gpu_check.sh [REPORT_DIR]        (make gpu-check; default var/gpu-check)
+#
+# It uses the python3 on the PATH with the torch, Triton and transformers found there
+# (it installs nothing from a registry: the machine may have no network). Wheels of
+# pure-Python packages the tests import (Django, asgiref, sqlparse) are installed from
+# .whl/ when that folder exists and they are missing; `make gpu-wheels` fills it on a
+# machine with a registry. Every step has its own time limit and its exit status goes in
+# the report; the command fails when a step failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+REPORT=${1:-var/gpu-check}
+mkdir -p "$REPORT"
+REPORT=$(cd "$REPORT" && pwd)
+SUMMARY=$REPORT/summary.txt
+: >"$SUMMARY"
+PY=${PYTHON:-python3}
+
+say() { echo "$*" | tee -a "$SUMMARY"; }
+
+# The project imports as `shunter` from this checkout, whatever python3 this is.
+SITE=$(mktemp -d)
+ln -s "$REPO" "$SITE/shunter"
+if [ -d .whl ] && ! "$PY" -c "import django" 2>/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/*.whl ||
+    say "wheels from .whl/ did not install"
+fi
+export PYTHONPATH="$SITE:$REPO${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+# Tests that start `shunter` as a program find it beside the interpreter.
+BIN=$(mktemp -d)
+printf '#!/bin/sh\nexec %s -c "import sys; from shunter.platform.cli import main; sys.exit(main())" "$@"\n' \
+  "$(command -v "$PY")" >"$BIN/shunter"
+chmod +x "$BIN/shunter"
+export PATH="$BIN:$PATH"
+
+failed=0
+# Four test processes when pytest-xdist is there: the CPU-side tests dominate the time.
+XDIST=""
+"$PY" -c "import xdist" 2>/dev/null && XDIST="-n 4"
+# step NAME LIMIT_S COMMAND...: run one step, its output to REPORT/NAME.log.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local start=$SECONDS
+  timeout "$limit" "$@" >"$REPORT/$name.log" 2>&1
+  local rc=$?
+  say "$(printf '%-16s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - start))" "$*")"
+  [ "$rc" -eq 0 ] || failed=1
+  return 0
+}
+
+say "gpu-check at $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader \
+  2>&1 | sed 's/^/device: /' | tee -a "$SUMMARY"
+"$PY" - <<'EOF' 2>&1 | tee -a "$SUMMARY"
+import torch
+print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, available {torch.cuda.is_available()}")
+try:
+    import triton
+    print(f"triton {triton.__version__}")
+except ImportError as e:
+    print(f"triton: {e}")
+EOF
+
+step tests 240 "$PY" -m pytest -q -p no:cacheprovider -o addopts=-ra $XDIST \
+  --junitxml="$REPORT/junit.xml" tests/kernels tests/engine/exec
+step bench-kernels 100 shunter bench kernels
+MODELS=$REPORT/models
+step model-init 40 shunter model init --preset small-llama --out "$MODELS/small-llama"
+step calibrate 100 shunter engine calibrate --device cuda --model "$MODELS/small-llama" \
+  --out "$REPORT/profile.json"
+step bench-executor 60 shunter bench executor --device cuda --model "$MODELS/small-llama"
+step bench-remap 60 shunter bench remap-exec --device cuda --model "$MODELS/small-llama"
+rm -rf "$MODELS"
+
+grep -E "passed|failed|error" "$REPORT/tests.log" | tail -1 | sed 's/^/tests: /' | tee -a "$SUMMARY"
+say "report: $REPORT"
+exit "$failed"
