@@ -76,8 +76,23 @@ step calibrate 100 shunter engine calibrate --device cuda --model "$MODELS/small
   --out "$REPORT/profile.json"
 step bench-executor 60 shunter bench executor --device cuda --model "$MODELS/small-llama"
 step bench-remap 60 shunter bench remap-exec --device cuda --model "$MODELS/small-llama"
+# llama-3-8b's layer shapes (bf16), four of its 32 layers: engine against transformers on
+# the device at batch 64, and remapping's streamed layers at that size.
+step model-init-8b 90 shunter model init --preset llama-3-8b --layers 4 --out "$MODELS/llama-3-8b-4l"
+step bench-exec-8b 120 shunter bench executor --device cuda --model "$MODELS/llama-3-8b-4l" \
+  --prompts 64 --prompt-tokens 128 --max-tokens 32
+step bench-remap-8b 90 shunter bench remap-exec --device cuda --model "$MODELS/llama-3-8b-4l" \
+  --lent 1,2 --prompts 64
 rm -rf "$MODELS"
 
 grep -E "passed|failed|error" "$REPORT/tests.log" | tail -1 | sed 's/^/tests: /' | tee -a "$SUMMARY"
-say "report: $REPORT"
+# One report file: the summary, then each step's output.
+{
+  cat "$SUMMARY"
+  for log in "$REPORT"/*.log; do
+    printf '\n===== %s =====\n' "$(basename "$log" .log)"
+    cat "$log"
+  done
+} >"$REPORT/report.txt"
+say "report: $REPORT/report.txt"
 exit "$failed"

@@ -1,7 +1,7 @@
 """DuplexKV's transfer engine on a CUDA device: full-duplex, batched, event-tracked copies.
 
-- **Pinned host swap space** is one plain host allocation registered with the driver in
-  large chunks (``cudaHostRegister``). Torch's pinned allocator rounds every allocation
+- **Pinned host swap space** is one plain host allocation registered with the driver
+  whole (``cudaHostRegister``). Torch's pinned allocator rounds every allocation
   up to a power of two, which for swap spaces of hundreds of GB wastes most of a tier.
 - **Two copy streams**: D2H copies on one, H2D copies on the other, so both directions
   of the interconnect run at once, and both overlap the forward pass on the compute
@@ -38,21 +38,18 @@ import torch
 from shunter.engine.exec.transfers import KVTransfers
 from shunter.engine.plan import BlockCopies, StepPlan
 
-# Pinned host memory is registered in pieces of this size.
-REGISTER_CHUNK_BYTES = 1 << 30
 # Device staging per direction; larger batches move through it in several rounds, each
 # still one gather kernel and copies of many blocks.
 STAGING_BYTES = 64 * 1024 * 1024
 
 
-def pinned_empty(
-    shape: tuple[int, ...], dtype: torch.dtype, *, chunk_bytes: int = REGISTER_CHUNK_BYTES
-) -> torch.Tensor:
+def pinned_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """An uninitialized host tensor registered with the CUDA driver (page-locked).
 
-    The allocation is aligned to a host page and registered in ``chunk_bytes`` pieces
-    (page multiples, so no page is registered twice). It is unregistered when the
-    returned tensor is garbage collected, after the device finished its work.
+    The allocation is aligned to a host page and registered whole, in one call: a copy
+    may then span any range of it (a range over two separate registrations is refused
+    by the driver with ``cudaErrorInvalidValue``). It is unregistered when the returned
+    tensor is garbage collected, after the device finished its work.
     """
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes == 0:
@@ -61,17 +58,8 @@ def pinned_empty(
     raw = torch.empty(nbytes + page, dtype=torch.uint8)
     start = -raw.data_ptr() % page
     data = raw[start : start + nbytes]
-    chunk_bytes = max(page, chunk_bytes // page * page)
-    cudart = _cudart()
-    registered: list[int] = []
-    try:
-        for offset in range(0, nbytes, chunk_bytes):
-            ptr = data.data_ptr() + offset
-            _check(cudart.cudaHostRegister(ptr, min(chunk_bytes, nbytes - offset), 0), "register")
-            registered.append(ptr)
-    except BaseException:
-        _unregister(registered, raw)
-        raise
+    registered = [data.data_ptr()]
+    _check(_cudart().cudaHostRegister(registered[0], nbytes, 0), "register")
     tensor = data.view(dtype).view(shape)
     # The finalizer holds ``raw``: the memory outlives its registration.
     weakref.finalize(tensor, _unregister, registered, raw).atexit = False

@@ -31,7 +31,7 @@ def host_swap_space(
     space is left uninitialized: a host block is only read after a D2H copy wrote it.
     Pageable space is therefore only backed by memory where blocks were written, so the
     models' tensors together use about the shared budget. Pinned space (``pin``: needs
-    CUDA) is registered with the driver in large chunks (``cuda_transfers.pinned_empty``)
+    CUDA) is registered with the driver whole (``cuda_transfers.pinned_empty``)
     and is resident: each model's tensor is ``capacity_bytes``.
     """
     block_bytes = math.prod(block_shape) * dtype.itemsize
