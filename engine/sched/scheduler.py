@@ -9,6 +9,7 @@ capacity between models.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from collections.abc import Callable, Sequence
 from operator import attrgetter
@@ -407,6 +408,14 @@ class Scheduler:
                 memory.append(r, 1)
                 decodes.append(r)
         return decodes, prefills
+
+    def set_xfer_budget(self, blocks: int) -> None:
+        """B_xfer from the next step on: ``blocks`` of the largest block size a step may
+        rotate. A driver that knows what its host link moves within a step sets it each
+        step (the simulator does, unless a run fixes B_xfer)."""
+        if blocks != self.config.xfer_budget_blocks:
+            self.config = dataclasses.replace(self.config, xfer_budget_blocks=blocks)
+            self.kv.config = self.config
 
     def _decide(self, executing: list[str], plan: StepPlan, now: float) -> list[Request]:
         """Apply the policy's preemptions; return its admissions in order."""

@@ -44,6 +44,9 @@ class SimConfig:
     ``swap_bandwidth_scale`` scales every copy bandwidth (the "w/o DuplexKV" ablation).
     ``tenants`` and ``remap`` go to the engine as they are (a tenant's SLO class is its
     requests'); ``switch_s`` is the fixed cost of a temporal model switch.
+    ``xfer_budget_from_link``: B_xfer is not the scheduler's fixed figure but what the
+    link moves within a step, each step (``link_xfer_blocks`` of the previous step's
+    duration); the scheduler's figure is only the first step's.
     """
 
     models: tuple[ModelSpec, ...]
@@ -59,6 +62,7 @@ class SimConfig:
     remap: RemapConfig = field(default_factory=RemapConfig)
     switch_s: float = SWITCH_S
     check_integrity: bool = False
+    xfer_budget_from_link: bool = False
 
     def engine_config(self) -> EngineConfig:
         hw = self.hardware
@@ -106,6 +110,8 @@ class SimRun:
     counts change; ``weight_bytes`` are weights copied host-to-device (slot prefetches
     and restored layers); ``weight_stall_s`` is time waiting for layers not copied in
     time (``num_weight_stalls`` layers); ``num_switches`` counts temporal model switches.
+    ``peak_xfer_budget_blocks`` is the largest B_xfer of any step (the fixed one unless
+    it came from the link).
     """
 
     records: list[RequestRecord]
@@ -124,6 +130,7 @@ class SimRun:
     weight_stall_s: float = 0.0
     num_weight_stalls: int = 0
     num_switches: int = 0
+    peak_xfer_budget_blocks: int = 0
 
 
 # The longest a run may go without emitting a token while requests are live. No wait
@@ -145,6 +152,18 @@ class StuckError(RuntimeError):
     token has been emitted for ``STALL_LIMIT_S`` simulated seconds."""
 
 
+def link_xfer_blocks(copies: CopyCostModel, block_bytes: int, seconds: float) -> int:
+    """B_xfer the link allows in ``seconds``: blocks of ``block_bytes`` one direction
+    moves while the other moves as many (a rotation swaps out and in), at the link's
+    rate for that segment size and, where host memory is shared by both directions
+    (Grace's DRAM), at most half of it each."""
+    rate = copies.segment_bandwidth(block_bytes)
+    shared = copies.hardware.host_mem_bw
+    if shared is not None:
+        rate = min(rate, shared * copies.bandwidth_scale / 2)
+    return int(rate * seconds // block_bytes)
+
+
 def simulate(config: SimConfig, workload: Sequence[WorkloadRequest]) -> SimRun:
     """Run ``workload`` to completion: every request finishes (or the run raises). A
     request too large for the engine ever to hold is rejected and counts as failed."""
@@ -154,6 +173,8 @@ def simulate(config: SimConfig, workload: Sequence[WorkloadRequest]) -> SimRun:
     hw = config.hardware
     block_bytes = {m.name: engine_config.block_bytes(m.name) for m in config.models}
     copies = CopyCostModel(hw, bandwidth_scale=config.swap_bandwidth_scale)
+    # The scheduler counts B_xfer in blocks of the largest block size.
+    largest_block = max(block_bytes.values())
     transfers = SimulatedTransfers(clock, copies, block_bytes)
     timings = config.layer_timings(copies)
     weights = None
@@ -192,6 +213,7 @@ def simulate(config: SimConfig, workload: Sequence[WorkloadRequest]) -> SimRun:
     ]
     next_arrival = 0
     num_steps = rotations = d2h = h2d = peak_hbm = peak_host = 0
+    peak_budget = config.scheduler.xfer_budget_blocks
     remapped: list[tuple[float, dict[str, int]]] = []
     turn: str | None = None
     # When (and after which step) a token was last emitted, or the engine was last idle.
@@ -213,6 +235,11 @@ def simulate(config: SimConfig, workload: Sequence[WorkloadRequest]) -> SimRun:
             continue
         stats = core.step()
         num_steps += 1
+        if config.xfer_budget_from_link:
+            core.scheduler.set_xfer_budget(
+                link_xfer_blocks(copies, largest_block, stats.duration_s)
+            )
+        peak_budget = max(peak_budget, core.scheduler.config.xfer_budget_blocks)
         rotations += stats.num_preempted
         d2h += stats.d2h_bytes
         h2d += stats.h2d_bytes
@@ -273,4 +300,5 @@ def simulate(config: SimConfig, workload: Sequence[WorkloadRequest]) -> SimRun:
         weight_stall_s=executor.totals.weight_stall_s,
         num_weight_stalls=executor.totals.num_weight_stalls,
         num_switches=core.scheduler.tenancy.num_switches,
+        peak_xfer_budget_blocks=peak_budget,
     )

@@ -6,9 +6,10 @@ import pytest
 
 from shunter.engine.config import RotationConfig, SchedulerConfig, SloSpec
 from shunter.engine.sim.catalog import get_model
+from shunter.engine.sim.cost import CopyCostModel
 from shunter.engine.sim.hardware import GB, gh200
 from shunter.engine.sim.metrics import summarize
-from shunter.engine.sim.runner import SimConfig, SimRun, simulate
+from shunter.engine.sim.runner import SimConfig, SimRun, link_xfer_blocks, simulate
 from shunter.engine.sim.workload import (
     WorkloadRequest,
     build_workload,
@@ -107,3 +108,35 @@ def test_without_eager_rotation_only_preemptions_copy() -> None:
     assert run.rotations > 0
     # Each preempted request copies its KV out once per preemption and back once.
     assert run.d2h_bytes <= run.h2d_bytes + 2 * 60 * LLAMA.block_bytes(16)
+
+
+def test_b_xfer_from_the_link_is_what_it_moves_in_a_step() -> None:
+    copies = CopyCostModel(gh200)
+    block = 4 * 1024 * 1024
+    # At SuperInfer's mean iteration (69.82 ms of model execution, §5.3) the C2C link
+    # moves about the 2,400 blocks of 4 MiB its artifact fixes (AE_AIO_0309_v1.py).
+    assert 0.8 * 2400 <= link_xfer_blocks(copies, block, 0.06982) <= 1.2 * 2400
+    # Twice the time, twice the blocks; a link at half speed, half of them.
+    assert link_xfer_blocks(copies, block, 0.2) == pytest.approx(
+        2 * link_xfer_blocks(copies, block, 0.1), abs=1
+    )
+    slow = CopyCostModel(gh200, bandwidth_scale=0.5)
+    assert link_xfer_blocks(slow, block, 0.1) == pytest.approx(
+        link_xfer_blocks(copies, block, 0.1) / 2, abs=1
+    )
+    # Grace's DRAM serves both directions: each gets at most half of it.
+    assert link_xfer_blocks(copies, block, 1.0) * block <= gh200.host_mem_bw / 2  # type: ignore[operator]
+
+
+def test_a_run_takes_b_xfer_from_the_link_each_step() -> None:
+    fixed = dataclasses.replace(
+        config("lvf", models=(LLAMA,), hardware=SMALL_GPU),
+        scheduler=SchedulerConfig(policy="lvf", xfer_budget_blocks=0),
+    )
+    linked = dataclasses.replace(fixed, xfer_budget_from_link=True)
+    assert simulate(fixed, PRESSURE).peak_xfer_budget_blocks == 0
+    run = simulate(linked, PRESSURE)
+    assert_all_finished(run, PRESSURE)
+    # Steps of a few ms to tens of ms over a ~130 GB/s link: tens to hundreds of blocks.
+    assert run.peak_xfer_budget_blocks > 0
+    assert run.rotations > simulate(fixed, PRESSURE).rotations
