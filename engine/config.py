@@ -142,7 +142,7 @@ class SloSpec:
             raise ValueError(f"SLO class {self.name!r}: alpha and betas must be >= 0")
 
 
-POLICIES = ("fcfs", "wf", "sf", "lvf")
+POLICIES = ("fcfs", "wf", "sf", "lvf", "lvf+")
 PREEMPTION_MODES = ("swap", "recompute")
 SHARING_MODES = ("spatial", "temporal")
 CAPACITY_SOURCES = ("free", "inactive", "rotation", "active")
@@ -190,6 +190,9 @@ class SchedulerConfig:
     in that many seconds (decodes still come first and are not cut by it), so one long
     prompt is chunked over several steps instead of holding every other request for
     one long step. None (the default, and the simulator's) keeps the fixed budget.
+    ``link_bytes_per_s`` is the host link's rate in one direction where it is known (the
+    simulator's profile, a measured one): ``lvf+`` keeps a request running at least as
+    long as its KV's round trip over it takes. None: no such minimum.
     """
 
     policy: str = "lvf"
@@ -199,6 +202,7 @@ class SchedulerConfig:
     turn_quantum_s: float = 0.5
     step_target_s: float | None = None
     preemption: str = "swap"
+    link_bytes_per_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -213,6 +217,8 @@ class SchedulerConfig:
             raise ValueError("max_batch_tokens and max_running must be positive")
         if self.turn_quantum_s < 0:
             raise ValueError("turn_quantum_s must be >= 0")
+        if self.link_bytes_per_s is not None and self.link_bytes_per_s <= 0:
+            raise ValueError("link_bytes_per_s must be positive")
         if self.step_target_s is not None and self.step_target_s <= 0:
             raise ValueError("step_target_s must be positive")
 

@@ -51,6 +51,7 @@ class LvfPolicy(Policy):
     """
 
     name = "lvf"
+    rotates = True
 
     def schedule(self, state: PolicyInput) -> Decision:
         free, slots = state.num_free_blocks, state.num_free_slots
@@ -58,11 +59,22 @@ class LvfPolicy(Policy):
         costs = state.blks(candidates)
         if len(candidates) <= slots and sum(costs) <= free:
             return Decision(admit=by_arrival(candidates))
+        return self._prioritize(state, candidates, costs)
+
+    def _victims(self, state: PolicyInput) -> Iterator[Request]:
+        """The running requests that may be preempted, first to go first."""
+        return _tail_first(state)
+
+    def _prioritize(
+        self, state: PolicyInput, candidates: list[Request], costs: list[int]
+    ) -> Decision:
+        """Steps 2-4 (sort, prioritize, preempt) once the contention check failed."""
+        free, slots = state.num_free_blocks, state.num_free_slots
 
         lag = vlts(candidates, state.now)
         head = sorted(range(len(candidates)), key=lag.__getitem__, reverse=True)
         xfer = state.xfer_budget
-        tail = _tail_first(state)
+        tail = self._victims(state)
         victims: list[Request] = []  # the head of ``tail``, pulled as slots are needed
         victim_blocks = 0
         left = free + xfer
@@ -98,6 +110,40 @@ class LvfPolicy(Policy):
             need_blocks -= state.blk(r)
             need_slots -= 1
         return decision
+
+
+class LvfPlusPolicy(LvfPolicy):
+    """LVF that rotates only where rotation pays for itself.
+
+    - **Memory, not the running cap, triggers it.** When the free blocks hold every
+      waiting and rotary request, they are admitted in arrival order up to the free
+      slots and nobody is preempted: a full running cap is a compute limit, and
+      rotating for it only trades one request's progress for another's at the price of
+      two copies. (Algorithm 1 frees slots for lagging requests; this does not.)
+    - **No victim younger than its round trip.** A running request is preempted only
+      once it has run (VLT < 0, ``-VLT`` seconds) at least as long as the link takes to
+      copy its KV out and back in (``swap_s``): a request rotated in is not rotated out
+      again before its copies could have paid off, which bounds rotation to what the
+      link sustains instead of letting a large B_xfer cycle the same requests.
+
+    Everything else is Algorithm 1 as ``lvf`` runs it.
+    """
+
+    name = "lvf+"
+
+    def schedule(self, state: PolicyInput) -> Decision:
+        candidates = [*state.waiting, *state.rotary]
+        costs = state.blks(candidates)
+        if sum(costs) <= state.num_free_blocks:
+            return Decision(admit=by_arrival(candidates)[: state.num_free_slots])
+        return self._prioritize(state, candidates, costs)
+
+    def _victims(self, state: PolicyInput) -> Iterator[Request]:
+        swap_s, now = state.swap_s, state.now
+        for r in _tail_first(state):
+            assert r.t_run is not None
+            if swap_s is None or now - r.t_run >= swap_s(r):
+                yield r
 
 
 def frees_slot(vlt: float, victim: Request, now: float) -> bool:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from shunter.engine.sched.fcfs import FcfsPolicy
-from shunter.engine.sched.lvf import LvfPolicy
+from shunter.engine.sched.lvf import LvfPlusPolicy, LvfPolicy
 from shunter.engine.sched.policy import Policy
 from shunter.engine.sched.static import SwappedFirstPolicy, WaitingFirstPolicy
 
 POLICY_CLASSES: dict[str, type[Policy]] = {
-    cls.name: cls for cls in (FcfsPolicy, WaitingFirstPolicy, SwappedFirstPolicy, LvfPolicy)
+    cls.name: cls
+    for cls in (FcfsPolicy, WaitingFirstPolicy, SwappedFirstPolicy, LvfPolicy, LvfPlusPolicy)
 }
 
 

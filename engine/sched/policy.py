@@ -29,6 +29,8 @@ class PolicyInput:
     ``can_rotate(r)`` says whether host swap space can take a running request's KV: a
     policy preempts only those proactively. ``num_free_slots`` is how many more
     requests the running cap lets run now (engine-wide, before this decision).
+    ``swap_s(r)``, where the link's rate is known, is the seconds the link takes to
+    copy a running request's KV out and back in.
     """
 
     model: str
@@ -42,6 +44,7 @@ class PolicyInput:
     blk: Callable[[Request], int]
     blks: Callable[[Sequence[Request]], list[int]]
     can_rotate: Callable[[Request], bool]
+    swap_s: Callable[[Request], float] | None = None
 
 
 @dataclass
@@ -56,9 +59,15 @@ class Decision:
 class Policy(ABC):
     """A scheduling policy: ``schedule`` decides proactive preemption and admission
     for one model and one step. (Passive preemption, when a decode finds no free block,
-    is the Scheduler's and the same for every policy.)"""
+    is the Scheduler's and the same for every policy.)
+
+    ``rotates``: the policy decides over every executing model at once, in bytes, and
+    may preempt proactively within B_xfer (the LVF family); the others decide per model,
+    in blocks, and preempt nothing by choice.
+    """
 
     name: str
+    rotates: bool = False
 
     @abstractmethod
     def schedule(self, state: PolicyInput) -> Decision: ...

@@ -102,7 +102,9 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.kv = KvBytes(memory, self.queues, config.scheduler)
         # Rotation is a source of memory only where the capacity order lists it.
-        self.rotates = policy.name == "lvf" and "rotation" in config.remap.capacity_order
+        self.rotates = policy.rotates and "rotation" in config.remap.capacity_order
+        link = config.scheduler.link_bytes_per_s
+        self._swap_s = None if link is None else self._round_trip(link)
         self.num_passive_preemptions = 0
         self._released: list[str] = []
         self._joining: list[Request] = []
@@ -409,6 +411,15 @@ class Scheduler:
                 decodes.append(r)
         return decodes, prefills
 
+    def _round_trip(self, link_bytes_per_s: float) -> Callable[[Request], float]:
+        """Seconds to copy a running request's KV out and back in over the link."""
+        memory, bb = self.memory, self.kv.block_bytes
+
+        def swap_s(r: Request) -> float:
+            return 2 * memory.blk(r) * bb[r.model] / link_bytes_per_s
+
+        return swap_s
+
     def set_xfer_budget(self, blocks: int) -> None:
         """B_xfer from the next step on: ``blocks`` of the largest block size a step may
         rotate. A driver that knows what its host link moves within a step sets it each
@@ -421,7 +432,7 @@ class Scheduler:
         """Apply the policy's preemptions; return its admissions in order."""
         memory, slots = self.memory, max(0, self.config.max_running - self.num_running)
         budget = self.config.xfer_budget_blocks
-        if self.policy.name == "lvf":
+        if self.policy.rotates:
             # One decision over every executing model, in bytes: the policy only compares
             # costs with free memory and the budget, so any one unit serves.
             bb = self.kv.block_bytes
@@ -445,6 +456,7 @@ class Scheduler:
                         blk=lambda r: memory.blk(r) * bb[r.model],
                         blks=self.kv.of,
                         can_rotate=memory.can_swap_out,
+                        swap_s=self._swap_s,
                     )
                 )
             ]

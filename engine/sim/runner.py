@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -111,7 +112,8 @@ class SimRun:
     and restored layers); ``weight_stall_s`` is time waiting for layers not copied in
     time (``num_weight_stalls`` layers); ``num_switches`` counts temporal model switches.
     ``peak_xfer_budget_blocks`` is the largest B_xfer of any step (the fixed one unless
-    it came from the link).
+    it came from the link). ``num_passive_preemptions`` counts the preemptions no policy
+    chose (a decode found no free block), a part of ``rotations``.
     """
 
     records: list[RequestRecord]
@@ -131,6 +133,7 @@ class SimRun:
     num_weight_stalls: int = 0
     num_switches: int = 0
     peak_xfer_budget_blocks: int = 0
+    num_passive_preemptions: int = 0
 
 
 # The longest a run may go without emitting a token while requests are live. No wait
@@ -152,16 +155,21 @@ class StuckError(RuntimeError):
     token has been emitted for ``STALL_LIMIT_S`` simulated seconds."""
 
 
-def link_xfer_blocks(copies: CopyCostModel, block_bytes: int, seconds: float) -> int:
-    """B_xfer the link allows in ``seconds``: blocks of ``block_bytes`` one direction
-    moves while the other moves as many (a rotation swaps out and in), at the link's
-    rate for that segment size and, where host memory is shared by both directions
-    (Grace's DRAM), at most half of it each."""
+def rotation_rate(copies: CopyCostModel, block_bytes: int) -> float:
+    """Bytes per second one direction moves while the other moves as much (a rotation
+    swaps out and in): the link's rate for ``block_bytes`` segments and, where host
+    memory is shared by both directions (Grace's DRAM), at most half of it."""
     rate = copies.segment_bandwidth(block_bytes)
     shared = copies.hardware.host_mem_bw
     if shared is not None:
         rate = min(rate, shared * copies.bandwidth_scale / 2)
-    return int(rate * seconds // block_bytes)
+    return rate
+
+
+def link_xfer_blocks(copies: CopyCostModel, block_bytes: int, seconds: float) -> int:
+    """B_xfer the link allows in ``seconds``: blocks of ``block_bytes`` at the
+    ``rotation_rate``."""
+    return int(rotation_rate(copies, block_bytes) * seconds // block_bytes)
 
 
 def simulate(config: SimConfig, workload: Sequence[WorkloadRequest]) -> SimRun:
@@ -175,6 +183,13 @@ def simulate(config: SimConfig, workload: Sequence[WorkloadRequest]) -> SimRun:
     copies = CopyCostModel(hw, bandwidth_scale=config.swap_bandwidth_scale)
     # The scheduler counts B_xfer in blocks of the largest block size.
     largest_block = max(block_bytes.values())
+    if engine_config.scheduler.link_bytes_per_s is None:
+        # The scheduler knows what the link moves (lvf+ keeps a request running at
+        # least as long as its KV's round trip takes).
+        scheduler = dataclasses.replace(
+            engine_config.scheduler, link_bytes_per_s=rotation_rate(copies, largest_block)
+        )
+        engine_config = dataclasses.replace(engine_config, scheduler=scheduler)
     transfers = SimulatedTransfers(clock, copies, block_bytes)
     timings = config.layer_timings(copies)
     weights = None
@@ -301,4 +316,5 @@ def simulate(config: SimConfig, workload: Sequence[WorkloadRequest]) -> SimRun:
         num_weight_stalls=executor.totals.num_weight_stalls,
         num_switches=core.scheduler.tenancy.num_switches,
         peak_xfer_budget_blocks=peak_budget,
+        num_passive_preemptions=core.scheduler.num_passive_preemptions,
     )

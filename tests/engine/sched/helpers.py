@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from shunter.engine.config import SloSpec
@@ -97,7 +97,14 @@ class Book:
     def of(self, state: RequestState) -> list[Request]:
         return [r for r in self.requests.values() if r.state is state]
 
-    def state(self, now: float, free: int, xfer: int, slots: int | None = None) -> PolicyInput:
+    def state(
+        self,
+        now: float,
+        free: int,
+        xfer: int,
+        slots: int | None = None,
+        swap_s: Callable[[Request], float] | None = None,
+    ) -> PolicyInput:
         """The PolicyInput at ``now``; without ``slots`` the running cap leaves a slot
         for every request."""
         return PolicyInput(
@@ -112,6 +119,7 @@ class Book:
             blk=self.blk,
             blks=lambda requests: [self.blocks[r.id] for r in requests],
             can_rotate=lambda r: r.id not in self.pinned,
+            swap_s=swap_s,
         )
 
 

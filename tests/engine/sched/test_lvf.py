@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from shunter.engine.request import RequestState
-from shunter.engine.sched.lvf import LvfPolicy, num_slots_freed
+from shunter.engine.sched.lvf import LvfPlusPolicy, LvfPolicy, num_slots_freed
 from tests.engine.sched.helpers import Book, ids
 
 W, R, S = RequestState.WAITING, RequestState.RUNNING, RequestState.ROTARY
@@ -447,3 +447,50 @@ def test_num_slots_freed_pairs_the_largest_lags_with_the_longest_runs(
         book.add("r0", R, t_run=10.0),  # VLT 0
     ]
     assert num_slots_freed(lags, running, now=10.0) == freed
+
+
+# --- lvf+ ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_lvf_plus_is_algorithm_1_when_memory_binds(case: Case) -> None:
+    """With a slot for every request and no link rate, lvf+ decides as Algorithm 1
+    wherever the free blocks do not hold every candidate."""
+    book = Book()
+    for name, state, blocks, times in case.requests:
+        book.add(name, state, blocks, **times)
+    state = book.state(case.now, case.free, case.xfer, case.slots)
+    assert LvfPlusPolicy().schedule(state) == LvfPolicy().schedule(state)
+
+
+def test_lvf_plus_does_not_rotate_for_running_slots_alone() -> None:
+    """Memory holds everyone but the cap is full: LVF frees a slot for a request that
+    lags more than the oldest has run; lvf+ rotates nobody for a compute limit and
+    admits by arrival as slots allow."""
+    book = Book()
+    book.add("old", R, 1, t_run=0.0)
+    book.add("lagging", W, 1, t_arr=1.0)  # VLT at t = 10: 10 - 1 - 2.5 = 6.5 < 10 run
+    book.add("later", W, 1, t_arr=2.0)
+    state = book.state(now=10.0, free=8, xfer=8, slots=0)
+    assert ids(LvfPolicy().schedule(state).preempt) == ["old"]
+    plus = LvfPlusPolicy().schedule(state)
+    assert plus.preempt == [] and plus.admit == []
+    assert ids(LvfPlusPolicy().schedule(book.state(10.0, 8, 8, slots=1)).admit) == ["lagging"]
+
+
+def test_lvf_plus_keeps_a_request_until_its_round_trip_has_paid() -> None:
+    """Fig. 9's second rotation: C and D ran 0.2 s when A and B lag. LVF swaps them
+    back at once; lvf+ does not while a round trip of their KV takes longer than they
+    ran, and does once they have run that long."""
+    book = Book()
+    book.add("A", S, t_arr=0.0, t_last=1.0)
+    book.add("B", S, t_arr=0.0, t_last=1.0)
+    book.add("C", R, t_run=1.0)
+    book.add("D", R, t_run=1.0)
+    lvf = LvfPolicy().schedule(book.state(now=1.2, free=0, xfer=2))
+    assert sorted(ids(lvf.preempt)) == ["C", "D"]
+    slow = book.state(now=1.2, free=0, xfer=2, swap_s=lambda r: 0.5)
+    held = LvfPlusPolicy().schedule(slow)
+    assert held.preempt == []  # (its admissions find no free block: the step stops there)
+    paid = book.state(now=1.6, free=0, xfer=2, swap_s=lambda r: 0.5)
+    assert sorted(ids(LvfPlusPolicy().schedule(paid).preempt)) == ["C", "D"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shunter.engine.config import SchedulerConfig
+from shunter.engine.config import POLICIES, SchedulerConfig
 from shunter.engine.request import RequestState
 from shunter.engine.sched.fcfs import FcfsPolicy
 from shunter.engine.sched.policies import POLICY_CLASSES, make_policy
@@ -68,10 +68,12 @@ def test_swapped_first_resumes_rotary_before_any_waiting_request() -> None:
     assert decision.preempt == []
 
 
-@pytest.mark.parametrize("name", ["fcfs", "wf", "sf", "lvf"])
+@pytest.mark.parametrize("name", ["fcfs", "wf", "sf", "lvf", "lvf+"])
 def test_make_policy_by_config_name(name: str) -> None:
     assert make_policy(SchedulerConfig(policy=name).policy).name == name
-    assert set(POLICY_CLASSES) == {"fcfs", "wf", "sf", "lvf"}
+    assert set(POLICY_CLASSES) == set(POLICIES) == {"fcfs", "wf", "sf", "lvf", "lvf+"}
+    # Only the LVF family decides over every model at once and rotates by choice.
+    assert make_policy(name).rotates == name.startswith("lvf")
 
 
 def test_unknown_policy_is_rejected() -> None:
