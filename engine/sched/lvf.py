@@ -120,11 +120,13 @@ class LvfPlusPolicy(LvfPolicy):
       slots and nobody is preempted: a full running cap is a compute limit, and
       rotating for it only trades one request's progress for another's at the price of
       two copies. (Algorithm 1 frees slots for lagging requests; this does not.)
-    - **No victim younger than its round trip.** A running request is preempted only
-      once it has run (VLT < 0, ``-VLT`` seconds) at least as long as the link takes to
-      copy its KV out and back in (``swap_s``): a request rotated in is not rotated out
-      again before its copies could have paid off, which bounds rotation to what the
-      link sustains instead of letting a large B_xfer cycle the same requests.
+    - **Only a request that can afford the time out is rotated out.** A running request
+      is preempted only if its TBT slack (``tbt_slack``: how long it may pause and still
+      meet its TBT SLO, a mean time per output token) covers its KV's round trip over
+      the link (``swap_s``) and one more token gap. A request just rotated in, or one
+      behind its SLO, has no such slack and keeps running: rotation never pushes a
+      request past its TBT target, and the same requests do not cycle through the link
+      every step.
 
     Everything else is Algorithm 1 as ``lvf`` runs it.
     """
@@ -141,9 +143,19 @@ class LvfPlusPolicy(LvfPolicy):
     def _victims(self, state: PolicyInput) -> Iterator[Request]:
         swap_s, now = state.swap_s, state.now
         for r in _tail_first(state):
-            assert r.t_run is not None
-            if swap_s is None or now - r.t_run >= swap_s(r):
+            away = r.slo.tbt_s + (0.0 if swap_s is None else swap_s(r))
+            if tbt_slack(r, now) >= away:
                 yield r
+
+
+def tbt_slack(r: Request, now: float) -> float:
+    """Seconds a running request may pause from ``now`` and still meet its TBT SLO if
+    it then emits its next token at once: its SLO is a mean time per output token, so
+    after n tokens it may take up to n x TBT since its first one. No token yet: none
+    (its TTFT, not a token gap, is at stake)."""
+    if r.t_first_token is None or r.num_output_tokens < 1:
+        return 0.0
+    return r.num_output_tokens * r.slo.tbt_s - (now - r.t_first_token)
 
 
 def frees_slot(vlt: float, victim: Request, now: float) -> bool:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from shunter.engine.request import RequestState
-from shunter.engine.sched.lvf import LvfPlusPolicy, LvfPolicy, num_slots_freed
+from shunter.engine.sched.lvf import LvfPlusPolicy, LvfPolicy, num_slots_freed, tbt_slack
 from tests.engine.sched.helpers import Book, ids
 
 W, R, S = RequestState.WAITING, RequestState.RUNNING, RequestState.ROTARY
@@ -454,11 +454,14 @@ def test_num_slots_freed_pairs_the_largest_lags_with_the_longest_runs(
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_lvf_plus_is_algorithm_1_when_memory_binds(case: Case) -> None:
-    """With a slot for every request and no link rate, lvf+ decides as Algorithm 1
-    wherever the free blocks do not hold every candidate."""
+    """With a slot for every request, running requests far ahead of their TBT SLO and
+    no link rate, lvf+ decides as Algorithm 1 wherever the free blocks do not hold every
+    candidate."""
     book = Book()
     for name, state, blocks, times in case.requests:
-        book.add(name, state, blocks, **times)
+        r = book.add(name, state, blocks, **times)
+        if state is R:
+            r.t_first_token, r.num_output_tokens = r.t_run, 10**6
     state = book.state(case.now, case.free, case.xfer, case.slots)
     assert LvfPlusPolicy().schedule(state) == LvfPolicy().schedule(state)
 
@@ -468,7 +471,8 @@ def test_lvf_plus_does_not_rotate_for_running_slots_alone() -> None:
     lags more than the oldest has run; lvf+ rotates nobody for a compute limit and
     admits by arrival as slots allow."""
     book = Book()
-    book.add("old", R, 1, t_run=0.0)
+    old = book.add("old", R, 1, t_run=0.0)
+    old.t_first_token, old.num_output_tokens = 0.0, 10**6
     book.add("lagging", W, 1, t_arr=1.0)  # VLT at t = 10: 10 - 1 - 2.5 = 6.5 < 10 run
     book.add("later", W, 1, t_arr=2.0)
     state = book.state(now=10.0, free=8, xfer=8, slots=0)
@@ -478,19 +482,36 @@ def test_lvf_plus_does_not_rotate_for_running_slots_alone() -> None:
     assert ids(LvfPlusPolicy().schedule(book.state(10.0, 8, 8, slots=1)).admit) == ["lagging"]
 
 
-def test_lvf_plus_keeps_a_request_until_its_round_trip_has_paid() -> None:
-    """Fig. 9's second rotation: C and D ran 0.2 s when A and B lag. LVF swaps them
-    back at once; lvf+ does not while a round trip of their KV takes longer than they
-    ran, and does once they have run that long."""
+@pytest.mark.parametrize(
+    ("tokens", "rotated"),
+    [
+        (2, False),  # 2 x 0.1 - 0.2 = 0 s of slack
+        (7, False),  # 0.5 s: less than the 0.5 s round trip and a 0.1 s token gap
+        (10, True),  # 0.8 s covers both
+    ],
+)
+def test_lvf_plus_rotates_out_only_requests_whose_tbt_slack_covers_the_time_out(
+    tokens: int, rotated: bool
+) -> None:
+    """Fig. 9's second rotation: C and D have run 0.2 s when A and B lag. LVF swaps
+    them at once; lvf+ only if their TBT slack covers the round trip of their KV over
+    the link (0.5 s here) and one token gap (TBT 0.1 s)."""
     book = Book()
     book.add("A", S, t_arr=0.0, t_last=1.0)
     book.add("B", S, t_arr=0.0, t_last=1.0)
-    book.add("C", R, t_run=1.0)
-    book.add("D", R, t_run=1.0)
-    lvf = LvfPolicy().schedule(book.state(now=1.2, free=0, xfer=2))
-    assert sorted(ids(lvf.preempt)) == ["C", "D"]
-    slow = book.state(now=1.2, free=0, xfer=2, swap_s=lambda r: 0.5)
-    held = LvfPlusPolicy().schedule(slow)
-    assert held.preempt == []  # (its admissions find no free block: the step stops there)
-    paid = book.state(now=1.6, free=0, xfer=2, swap_s=lambda r: 0.5)
-    assert sorted(ids(LvfPlusPolicy().schedule(paid).preempt)) == ["C", "D"]
+    for name in ("C", "D"):
+        r = book.add(name, R, t_run=1.0)
+        r.t_first_token, r.num_output_tokens = 1.0, tokens
+    state = book.state(now=1.2, free=0, xfer=2, swap_s=lambda r: 0.5)
+    assert sorted(ids(LvfPolicy().schedule(state).preempt)) == ["C", "D"]
+    expected = ["C", "D"] if rotated else []
+    assert sorted(ids(LvfPlusPolicy().schedule(state).preempt)) == expected
+
+
+def test_tbt_slack_is_what_a_mean_per_token_target_leaves() -> None:
+    book = Book()
+    r = book.add("r", R, t_run=0.0)
+    assert tbt_slack(r, now=1.0) == 0.0  # no token yet: its TTFT is at stake
+    r.t_first_token, r.num_output_tokens = 1.0, 5  # SLO TBT 0.1 s
+    assert tbt_slack(r, now=1.3) == pytest.approx(0.5 - 0.3)
+    assert tbt_slack(r, now=2.0) == pytest.approx(-0.5)  # behind: nothing to give
