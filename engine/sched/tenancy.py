@@ -5,8 +5,11 @@ Each model is a tenant (``config.TenantSpec``) with a sharing mode and a priorit
 - **spatial** models execute in every step in which they have work;
 - **temporal** models take turns, one holding the turn. The turn passes when the holder
   has no work, or once it has held the turn for the minimum quantum, to the temporal
-  model whose most-lagging request has the largest VLT (the holder keeps it on a tie,
-  so a switch is never paid for nothing). A holder whose work cannot run (its requests
+  model of highest priority with work, and among equals the one whose most-lagging
+  request has the largest VLT (the holder keeps it on a tie, so a switch is never paid
+  for nothing). A holder with no work gives the turn up at once, even when no other
+  model wants it: an idle model is inactive, so a lone temporal model lends its layers
+  while it has nothing to do. A holder whose work cannot run (its requests
   do not fit the memory the others hold) passes the turn at once (``pass_turn``), so
   a turn never blocks the GPU, and never to a model that could not run either since
   memory last changed (a request finished or a holder ran): two models that cannot
@@ -45,6 +48,7 @@ class Tenancy:
         self.num_switches = 0
         self.t_last_active = dict.fromkeys(names, -float("inf"))
         self._stalled: set[str] = set()  # could not run since memory last changed
+        self._last_holder: str | None = None
         self._set(tenants)
 
     def set_tenants(self, tenants: Sequence[TenantSpec]) -> None:
@@ -57,6 +61,8 @@ class Tenancy:
         if set(names) != set(self.tenants):
             raise ValueError(f"tenants of {sorted(self.tenants)} wanted, got {names}")
         self._set(tenants)
+        if self._last_holder is not None and self._last_holder not in self.temporal:
+            self._last_holder = None  # handing on a turn its holder left is no switch
         if self.holder is not None and self.holder not in self.temporal:
             self.holder = None
 
@@ -72,6 +78,8 @@ class Tenancy:
         self._set([t for m, t in self.tenants.items() if m != model])
         del self.t_last_active[model]
         self._stalled.discard(model)
+        if self._last_holder == model:
+            self._last_holder = None
         if self.holder == model:
             self.holder = None
 
@@ -98,15 +106,22 @@ class Tenancy:
     def _pass_turn(self, now: float, has_work: Callable[[str], bool], lag: Lag) -> None:
         holder = self.holder
         holding = holder is not None and has_work(holder)
+        if holder is not None and not holding:
+            self.holder = None  # idle: inactive from now on, whoever takes the turn next
         if holding and now - self.t_turn < self.min_quantum_s:
             return
         ready = [m for m in self.temporal if m != holder and has_work(m)]
         if not ready:
             return
-        best = max(ready, key=lag)
-        if holding and holder is not None and lag(holder) >= lag(best):
+        rank = self._rank(lag)
+        best = max(ready, key=rank)
+        if holding and holder is not None and rank(holder) >= rank(best):
             return
         self._give(best, now)
+
+    def _rank(self, lag: Lag) -> Callable[[str], tuple[int, float]]:
+        """Who takes the turn first: the highest priority, then the largest lag."""
+        return lambda m: (self.tenants[m].priority, lag(m))
 
     def pass_turn(self, now: float, has_work: Callable[[str], bool], lag: Lag) -> bool:
         """The holder could not run: give the turn to the temporal model with work whose
@@ -119,7 +134,7 @@ class Tenancy:
         ready = [m for m in self.temporal if m not in self._stalled and has_work(m)]
         if not ready:
             return False
-        self._give(max(ready, key=lag), now)
+        self._give(max(ready, key=self._rank(lag)), now)
         return True
 
     def memory_changed(self) -> None:
@@ -127,8 +142,11 @@ class Tenancy:
         self._stalled.clear()
 
     def _give(self, model: str, now: float) -> None:
-        self.num_switches += self.holder is not None
+        # A switch is counted when the turn moves to another model than the last to
+        # hold it (one that went idle and takes it back pays no switch).
+        self.num_switches += self._last_holder is not None and self._last_holder != model
         self.holder, self.t_turn = model, now
+        self._last_holder = model
 
     def run_next(self, has_work: Callable[[str], bool], lag: Lag) -> list[str]:
         """Every model, the ones most likely to run next first: active ones (highest

@@ -37,13 +37,23 @@ def test_spatial_models_run_in_every_step_they_have_work() -> None:
 
 def test_the_turn_is_held_for_the_minimum_quantum_then_goes_to_the_largest_lag() -> None:
     t = tenancy(quantum=1.0)
-    assert step(t, 0.0, {"t1": 0.0}) == ["t1"]
+    assert step(t, 0.0, {"t2": 0.0}) == ["t2"]
     # Within the quantum the holder keeps the turn, however much others lag.
-    assert step(t, 0.5, {"t1": -0.5, "t2": 3.0, "t3": 9.0}) == ["t1"]
+    assert step(t, 0.5, {"t2": -0.5, "t3": 9.0}) == ["t2"]
     # After it, the model whose most lagging request has the largest VLT.
-    assert step(t, 1.0, {"t1": -0.5, "t2": 3.0, "t3": 9.0}) == ["t3"]
+    assert step(t, 1.0, {"t2": -0.5, "t3": 9.0}) == ["t3"]
     assert t.holder == "t3" and t.num_switches == 1
-    assert not t.is_active("t1")
+    assert not t.is_active("t2")
+
+
+def test_a_higher_priority_takes_the_turn_first_whatever_the_others_lag() -> None:
+    t = tenancy(quantum=1.0)
+    assert step(t, 0.0, {"t2": 0.0}) == ["t2"]
+    # After the quantum t1 (priority 1) takes it from t2 and t3, which lag far more.
+    assert step(t, 1.0, {"t1": -5.0, "t2": 3.0, "t3": 9.0}) == ["t1"]
+    # And keeps it while it has work: the others' lag does not outrank its priority.
+    assert step(t, 9.0, {"t1": -5.0, "t2": 30.0, "t3": 90.0}) == ["t1"]
+    assert t.num_switches == 1
 
 
 def test_the_holder_keeps_the_turn_when_it_lags_most_or_ties() -> None:
@@ -54,13 +64,24 @@ def test_the_holder_keeps_the_turn_when_it_lags_most_or_ties() -> None:
     assert t.num_switches == 0
 
 
-def test_the_turn_passes_at_once_when_the_holder_has_no_work() -> None:
+def test_a_holder_without_work_gives_the_turn_up_at_once() -> None:
     t = tenancy(quantum=10.0)
     step(t, 0.0, {"t1": 0.0})
     assert step(t, 0.1, {"t2": 0.0, "t3": 0.5}) == ["t3"]
-    # Nobody with work: the holder keeps the (idle) turn.
+    # Nobody with work: the idle holder keeps no turn, so it is inactive (its layers
+    # may be lent); taking the turn back is no switch.
     assert step(t, 0.2, {}) == []
-    assert t.holder == "t3"
+    assert t.holder is None and not t.is_active("t3")
+    assert step(t, 0.3, {"t3": 0.0}) == ["t3"]
+    assert t.num_switches == 1
+
+
+def test_a_lone_temporal_model_is_inactive_while_idle() -> None:
+    t = Tenancy([TenantSpec("only", sharing="temporal")], min_quantum_s=0.5)
+    assert step(t, 0.0, {"only": 0.0}) == ["only"] and t.is_active("only")
+    assert step(t, 0.1, {}) == [] and not t.is_active("only")
+    assert step(t, 0.2, {"only": 0.0}) == ["only"] and t.is_active("only")
+    assert t.num_switches == 0
 
 
 def test_a_holder_that_cannot_run_passes_the_turn_to_a_model_that_has_not_failed_too() -> None:
@@ -123,7 +144,7 @@ def test_set_tenants_keeps_the_turn_history_and_counts_and_drops_a_holder_gone_s
     assert t.tenants["s"].priority == 3
     assert t.is_active("t2") and not t.is_active("s")
     # The next step runs the new spatial model beside the holder, not the new temporal one.
-    assert step(t, 2.0, {"s": 0.0, "t2": 0.0, "t3": 1.0}) == ["t2", "t3"]
+    assert step(t, 2.0, {"t2": 0.0, "t3": 1.0}) == ["t2", "t3"]
 
     # The holder turns spatial: nobody holds the turn until the next step hands it on.
     t.set_tenants(
