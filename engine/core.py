@@ -112,6 +112,9 @@ class EngineCore:
         self.scheduler = Scheduler(config, self.memory, policy, self.remapper)
         self._block_bytes = {spec.name: config.block_bytes(spec.name) for spec in config.models}
         self._step = 0
+        # False from the step that finished the last live request until a step changes
+        # no remapping: the engine steps on (idle) while lent layers come back.
+        self._remap_settled = True
 
     def change_models(
         self,
@@ -151,15 +154,26 @@ class EngineCore:
 
     def abort(self, request_id: str) -> Request | None:
         """End a live request now, freeing all its blocks; None if it is not live."""
-        return self.scheduler.abort(request_id, self.clock.now())
+        aborted = self.scheduler.abort(request_id, self.clock.now())
+        if aborted is not None and not self.scheduler.requests:
+            self._remap_settled = False
+        return aborted
 
     @property
     def num_live(self) -> int:
         return len(self.scheduler.requests)
 
     def is_idle(self) -> bool:
-        """No live request and no copy in flight."""
-        return not self.scheduler.requests and self.memory.num_pending_steps == 0
+        """No live request, no copy in flight, and no lent layer still coming back: once
+        the last request finishes, steps go on (empty) for as long as remapping moves, so
+        layers are restored while the engine has nothing else to do, not at the next
+        request's expense."""
+        if self.scheduler.requests or self.memory.num_pending_steps:
+            return False
+        return self._remap_settled or not any(self._lent_layers())
+
+    def _lent_layers(self) -> list[int]:
+        return [] if self.remapper is None else list(self.remapper.alpha().values())
 
     def check_integrity(self) -> None:
         self.memory.check_integrity(self.scheduler.requests.values())
@@ -177,6 +191,13 @@ class EngineCore:
         if self.remapper is not None:
             self.remapper.observe(plan, result)
         finished = self.scheduler.update(plan, result, t_end)
+        if finished and not self.scheduler.requests:
+            self._remap_settled = False
+        elif not self.scheduler.requests:
+            moving = plan.restored or plan.remapped
+            self._remap_settled = not moving and not (
+                self.remapper is not None and self.remapper.is_vacating
+            )
         if self.config.check_integrity:
             self.check_integrity()
         return self._stats(plan, result, t_start, t_end, schedule_s, finished)

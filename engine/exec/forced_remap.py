@@ -61,9 +61,14 @@ class ForcedRemap(RemapController):
         return max(super().cap(m), self.forced(m))
 
     def plan(
-        self, models: Sequence[ModelState], pressure: Pressure, run_next: Sequence[str]
+        self,
+        models: Sequence[ModelState],
+        pressure: Pressure,
+        run_next: Sequence[str],
+        *,
+        idle: bool = False,
     ) -> RemapDecision:
-        decision = super().plan(models, pressure, run_next)
+        decision = super().plan(models, pressure, run_next, idle=idle)
         targets = dict(decision.targets)
         for m in models:
             target = max(targets.get(m.name, m.alpha), self.forced(m))

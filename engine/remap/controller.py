@@ -5,9 +5,12 @@ Every step it weighs the KV the executing models need against the KV free for th
 
 - **When**: a deficit is covered from the capacity sources in the configured order
   (default: free pages, inactive models' layers, rotation, active models' layers).
-  **Dynamic reversion**: when the surplus exceeds every reclaimed byte plus a headroom
-  (hysteresis), every remapped layer is restored, the model most likely to run next
-  first.
+  **Dynamic reversion**: the surplus beyond a headroom (hysteresis) restores remapped
+  layers, the model most likely to run next first, as many as it pays for; the engine
+  keeps stepping while idle until they are back (``EngineCore.is_idle``). Oneiros
+  restores only once the surplus covers every reclaimed byte; restoring what the surplus
+  covers lets the model about to run take its layers back without waiting for the
+  others'.
 - **Which model**: inactive models first, lowest priority first, the most recently
   active among equals (its reload is furthest away); active models only once every
   inactive one is at its cap.
@@ -98,10 +101,17 @@ class RemapController:
         return max_alpha(m.num_layers, m.t_transfer, m.t_compute / m.num_layers, share)
 
     def plan(
-        self, models: Sequence[ModelState], pressure: Pressure, run_next: Sequence[str]
+        self,
+        models: Sequence[ModelState],
+        pressure: Pressure,
+        run_next: Sequence[str],
+        *,
+        idle: bool = False,
     ) -> RemapDecision:
         """This step's targets. ``run_next`` ranks models by how soon they will run
-        (tenancy's order); it decides whose layers come back first."""
+        (tenancy's order); it decides whose layers come back first. ``idle``: no request
+        is live, so no headroom is kept back from reversion (nothing will claim it
+        before the next request, which finds its layers in place instead)."""
         rank = {name: i for i, name in enumerate(run_next)}
         by_next = sorted(models, key=lambda m: (rank.get(m.name, len(rank)), m.name))
         caps = {m.name: self.cap(m) for m in models}
@@ -127,10 +137,33 @@ class RemapController:
                     del targets[m.name]
             return RemapDecision(_restores_first(targets, models))
 
-        reclaimed = sum(targets.get(m.name, m.alpha) * m.frame_bytes for m in models)
-        if reclaimed and balance > reclaimed + self.headroom:
-            return RemapDecision({m.name: 0 for m in by_next if m.alpha}, reverting=True)
-        return RemapDecision(targets)
+        targets = self._revert(by_next, targets, balance, 0 if idle else self.headroom)
+        left = [targets.get(m.name, m.alpha) for m in models]
+        return RemapDecision(targets, reverting=bool(targets) and not any(left))
+
+    def _revert(
+        self,
+        by_next: Sequence[ModelState],
+        targets: dict[str, int],
+        balance: int,
+        headroom: int,
+    ) -> dict[str, int]:
+        """Dynamic reversion: with the surplus ``balance`` over ``headroom``, restore
+        remapped layers, the model most likely to run next first, as many of its layers
+        as the surplus pays for while ``headroom`` stays free; stop at the first model
+        it cannot restore fully (the later ones wait for it)."""
+        spare = balance - headroom
+        for m in by_next:
+            alpha = targets.get(m.name, m.alpha)
+            if not alpha:
+                continue
+            k = min(alpha, max(0, spare) // m.frame_bytes)
+            if k:
+                targets[m.name] = alpha - k
+                spare -= k * m.frame_bytes
+            if k < alpha:
+                break
+        return targets
 
     def _reclaim(
         self,

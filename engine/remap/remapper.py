@@ -94,9 +94,10 @@ class Remapper:
         active: Collection[str],
         t_last_active: Mapping[str, float],
         run_next: Sequence[str],
+        idle: bool = False,
     ) -> None:
         """Decide and carry out this step's remapping (between the memory's
-        ``begin_step`` and ``end_step``)."""
+        ``begin_step`` and ``end_step``); ``idle``: no request is live."""
         states = []
         for model, wmap in self.maps.items():
             t = self.times[model]
@@ -114,7 +115,7 @@ class Remapper:
                     t_prefill=t.t_prefill,
                 )
             )
-        decision = self.controller.plan(states, pressure, run_next)
+        decision = self.controller.plan(states, pressure, run_next, idle=idle)
         # A take-back under way goes on to its target unless the controller now wants
         # something else for that model: frames half vacated are memory nobody uses.
         targets = decision.targets | {

@@ -246,6 +246,7 @@ class Scheduler:
                 active={m for m in self.queues if self.tenancy.is_active(m)},
                 t_last_active=self.tenancy.t_last_active,
                 run_next=self.tenancy.run_next(self._has_work, lag),
+                idle=not self.requests,
             )
         short: dict[str, int] = {}  # model -> KV bytes it lacked this step
         decodes: list[Request] = []

@@ -286,7 +286,7 @@ def simulate(config: SimConfig, workload: Sequence[WorkloadRequest]) -> SimRun:
                 events.append(requests[next_arrival].t_arr)
             if events:
                 clock.advance_to(min(events))
-            elif not (
+            elif core.num_live and not (
                 stats.num_swapped_in
                 or stats.num_preempted
                 or stats.num_admitted

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from shunter.engine.config import CAPACITY_SOURCES, RemapConfig
-from shunter.engine.remap.controller import ModelState, Pressure, RemapController
+from shunter.engine.remap.controller import ModelState, Pressure, RemapController, RemapDecision
 from shunter.engine.remap.frames import WeightMap, transition
 from shunter.engine.remap.layers import select
 
@@ -104,13 +104,23 @@ def test_rotation_covers_its_share_before_active_layers_in_the_default_order() -
     assert never_active.plan(models, pressure, ["a", "b"]).targets == {}
 
 
-def test_reversion_needs_the_reclaimed_bytes_plus_headroom_and_goes_in_run_next_order() -> None:
+def test_reversion_restores_what_the_surplus_over_headroom_pays_for_in_run_next_order() -> None:
     models = [model("a", active=True), model("b", alpha=3), model("c", alpha=2)]
     c = controller(headroom=50)
     run_next = ["a", "c", "b"]
-    # Reclaimed: 500 bytes. A surplus of 550 is not more than 500 + 50: hold.
-    assert c.plan(models, Pressure(demand=0, free=550), run_next).targets == {}
-    d = c.plan(models, Pressure(demand=0, free=551), run_next)
+
+    def plan(free: int) -> RemapDecision:
+        return c.plan(models, Pressure(demand=0, free=free), run_next)
+
+    # Less than a layer beyond the headroom: hold.
+    assert plan(50 + LAYER - 1).targets == {}
+    # One layer's worth: c, which runs next, gets one back.
+    assert plan(50 + LAYER).targets == {"c": 1}
+    # Three: c's two, then one of b's; c first.
+    d = plan(50 + 3 * LAYER)
+    assert list(d.targets.items()) == [("c", 0), ("b", 2)] and not d.reverting
+    # Every reclaimed byte: all of them, and that is a full reversion.
+    d = plan(50 + 5 * LAYER)
     assert d.reverting and list(d.targets.items()) == [("c", 0), ("b", 0)]
 
 

@@ -10,6 +10,7 @@ from shunter.engine.sim.cost import CopyCostModel
 from shunter.engine.sim.hardware import GB, gh200
 from shunter.engine.sim.metrics import summarize
 from shunter.engine.sim.runner import SimConfig, SimRun, link_xfer_blocks, simulate
+from shunter.engine.sim.scenario_sweep import ScenarioSpec
 from shunter.engine.sim.workload import (
     WorkloadRequest,
     build_workload,
@@ -75,8 +76,11 @@ def test_decode_speed_follows_the_weight_read() -> None:
     run = simulate(config("fcfs"), workload)
     gaps = list(itertools.pairwise(run.records[0].token_times))
     gaps = [b - a for a, b in gaps]
-    # One decode of a 32B model reads ~65 GB at 4.9 TB/s: ~13 ms, plus overhead.
-    assert all(0.013 < g < 0.016 for g in gaps)
+    # One decode of a 32B model reads ~65 GB at the ~4.1 TB/s a memory-bound operator
+    # reaches (83% of 4.9): ~16 ms. With one request a layer is shorter than the host's
+    # 0.28 ms to issue it, so the pass takes 64 x 0.28 ms plus the head, ~18.3 ms, and the
+    # step 5.3 ms more.
+    assert all(0.023 < g < 0.025 for g in gaps)
 
 
 def pressure(policy: str, **kw: object) -> SimConfig:
@@ -140,3 +144,16 @@ def test_a_run_takes_b_xfer_from_the_link_each_step() -> None:
     # Steps of a few ms to tens of ms over a ~130 GB/s link: tens to hundreds of blocks.
     assert run.peak_xfer_budget_blocks > 0
     assert run.rotations > simulate(fixed, PRESSURE).rotations
+
+
+def test_layers_lent_in_a_burst_come_back_once_the_engine_is_idle() -> None:
+    """C2 in turns, a 3 s burst: the engine lends layers to the KV cache and the burst
+    ends with some still lent; it steps on while idle until every layer is back, even
+    those the headroom kept lent while requests were live."""
+    spec = ScenarioSpec(
+        scenario="c2", sharing=("temporal",), variants=("oneiros",), rates=(16,), duration_s=3
+    )
+    run = simulate(spec.sim_config("oneiros", "temporal"), spec.workload("temporal", 16))
+    assert max(sum(lent.values()) for _, lent in run.remapped) > 0
+    assert sum(run.remapped[-1][1].values()) == 0
+    assert all(r.success for r in run.records)
