@@ -185,6 +185,19 @@ class KVMemory(Relocation):
                 self._pools[model].free(ids)
             for model, ids in hosts.items():
                 self.host.free(model, ids)
+        self._release_drained()
+
+    def _release_drained(self) -> None:
+        """Give back every chunk that drained empty: it was draining to be given back
+        (``compact``), and one left held once its blocks moved or finished would be
+        capacity no model can use, its own included (a request needing it could never
+        be placed again). Chunks over a frame being taken back stay: ``vacate_frame``
+        turns their pages into weights before anything can claim them."""
+        vacating = {(pool.model, c) for chunks in self._vacating.values() for pool, c in chunks}
+        for pool in self._pools.values():
+            for c in pool.drained_chunks():
+                if (pool.model, c) not in vacating:
+                    pool.release(c)
 
     @property
     def num_pending_steps(self) -> int:

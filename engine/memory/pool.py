@@ -127,6 +127,11 @@ class BlockPool:
     def holds(self, chunk: int) -> bool:
         return chunk in self._chunks
 
+    def drained_chunks(self) -> list[int]:
+        """Draining chunks none of whose blocks is used any longer, lowest first."""
+        bpc = self.blocks_per_chunk
+        return sorted(c for c, drained in self._draining.items() if len(drained) == bpc)
+
     def is_draining(self, chunk: int) -> bool:
         return chunk in self._draining
 
