@@ -203,11 +203,25 @@ class Arena:
         return other
 
     def find_free_run(self, num_pages: int, *, from_top: bool = False) -> int | None:
-        """First page of a run of ``num_pages`` free pages (lowest, or highest)."""
-        starts = range(self.num_pages - num_pages + 1)
-        for start in reversed(starts) if from_top else starts:
-            if self.is_free_run(start, num_pages):
-                return start
+        """First page of a run of ``num_pages`` free pages (lowest, or highest).
+
+        One pass counting consecutive free pages (placing a model's weights asks once
+        per layer, over arenas of tens of thousands of pages)."""
+        owners, n = self._owners, self.num_pages
+        if num_pages <= 0:
+            return n if from_top else 0
+        run = 0
+        if from_top:
+            # Downwards, the first run to reach the length is the highest: it starts here.
+            for p in range(n - 1, -1, -1):
+                run = run + 1 if owners[p] is FREE else 0
+                if run == num_pages:
+                    return p
+        else:
+            for p, owner in enumerate(owners):
+                run = run + 1 if owner is FREE else 0
+                if run == num_pages:
+                    return p - num_pages + 1
         return None
 
     def check_integrity(self) -> None:

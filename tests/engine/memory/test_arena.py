@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shunter.engine.config import ModelSpec
 from shunter.engine.memory.arena import FREE, Arena, OwnerKind, PageOwner
@@ -46,6 +48,18 @@ def test_find_free_run() -> None:
     assert arena.find_free_run(3) == 3
     assert arena.find_free_run(2, from_top=True) == 4
     assert arena.find_free_run(4) is None
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(st.booleans(), min_size=1, max_size=40), st.integers(1, 8), st.booleans())
+def test_find_free_run_is_the_lowest_or_highest_start_of_a_free_run(
+    taken: list[bool], num_pages: int, from_top: bool
+) -> None:
+    arena = Arena(num_pages=len(taken), page_bytes=1)
+    arena.convert([p for p, t in enumerate(taken) if t], FREE, PageOwner.kv("m"))
+    starts = [s for s in range(len(taken) - num_pages + 1) if not any(taken[s : s + num_pages])]
+    expected = (max(starts) if from_top else min(starts)) if starts else None
+    assert arena.find_free_run(num_pages, from_top=from_top) == expected
 
 
 def test_weights_sit_on_top_one_run_of_pages_per_layer() -> None:
