@@ -67,10 +67,9 @@ def add_simulate_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument(
         "--xfer-budget",
         type=int,
-        help=f"B_xfer, blocks per step (default {DEFAULTS.xfer_budget_blocks}; with "
-        "--scenario, as many bytes as that many 4 MiB blocks, by default "
-        f"{DEFAULTS.xfer_budget_blocks} of them but no more than SuperInfer's share of "
-        "its KV pool, ~16%%, of the scenario's)",
+        help="B_xfer, blocks per step (default: what the host link moves within a step, "
+        "each step; a baseline's own, superinfer 2400; with --scenario, as many bytes as "
+        "that many 4 MiB blocks)",
     )
     p.add_argument(
         "--swap-bandwidth-scale",
@@ -89,7 +88,23 @@ def add_simulate_parser(sub: argparse._SubParsersAction[Any]) -> None:
         help=f"tokens per step (default {DEFAULTS.max_batch_tokens}; a baseline's own)",
     )
     p.add_argument(
-        "--cv", type=float, default=1.0, help="arrival burstiness: gamma CV (1 = Poisson)"
+        "--cv",
+        type=float,
+        default=1.0,
+        help="arrival burstiness: gamma CV (1 = Poisson); the same as --arrivals gamma:CV",
+    )
+    p.add_argument(
+        "--arrivals",
+        metavar="PROCESS",
+        help="gaps between arrivals: poisson (default), gamma:CV, or azure-code / azure-conv "
+        "(gamma gaps with the CV of Azure's 2023 LLM inference traces)",
+    )
+    p.add_argument(
+        "--workload",
+        metavar="NAME",
+        help="request lengths: sharegpt (default; vLLM's benchmark filter), sharegpt-gen "
+        "(ShareGPT prompts, Llama-3-8B-class outputs up to 8,192 tokens), lmsys "
+        "(LMSYS-Chat-1M's mean lengths), azure-code or azure-conv (Azure's trace lengths)",
     )
     p.add_argument(
         "--sharegpt",
@@ -100,11 +115,28 @@ def add_simulate_parser(sub: argparse._SubParsersAction[Any]) -> None:
         "--trace",
         metavar="FILE",
         help='replay a JSONL trace, one {"t", "prompt_tokens", "output_tokens", "model"} per '
-        "line, instead of generating requests (replaces --rps, --duration, --cv, --sharegpt)",
+        "line, instead of generating requests (replaces --rps, --duration, --cv, --arrivals, "
+        "--workload, --sharegpt)",
     )
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     p.add_argument("--json", metavar="OUT", help="write results as JSON")
     p.add_argument("--plot", metavar="OUT", help="write attainment vs rate as HTML")
+    p.add_argument(
+        "--validate",
+        action="store_true",
+        help="print the cost model against the measured and published figures it was "
+        "calibrated on and held out from, with each error (SIMULATED), and exit; "
+        "--duration sets its simulated run's seconds of arrivals (default 120), --json "
+        "writes the table",
+    )
+    p.add_argument(
+        "--paper",
+        choices=["superinfer", "oneiros"],
+        help="run a paper's own evaluation settings and print each simulated figure "
+        "beside the published one (SIMULATED): superinfer (§5.2, Fig. 16: vllm against "
+        "superinfer) or oneiros (§7.2-7.3: c1 and c2, none against oneiros); only "
+        "--duration (default 120), --seed and --json apply",
+    )
     t = p.add_argument_group(
         "multi-tenant scenarios",
         "--scenario replaces --model and --policy: the paper's model combinations, each "
@@ -121,7 +153,8 @@ def add_simulate_parser(sub: argparse._SubParsersAction[Any]) -> None:
         "--variant",
         type=_names,
         default=["none", "oneiros", "rotasched", "combined"],
-        help="comma list of none, oneiros, rotasched, combined (default all)",
+        help="comma list of none, oneiros, rotasched, combined (default those four), and "
+        "rotasched+, combined+ (the same two with lvf+)",
     )
     t.add_argument(
         "--window", type=float, default=30.0, help="temporal: seconds each model is on per cycle"
@@ -143,10 +176,27 @@ def cmd_simulate(ns: argparse.Namespace) -> int:
     # A configuration the engine refuses (weights that do not fit the profile's memory,
     # bad knobs) is a ValueError raised before anything is simulated: say it, exit 2.
     try:
+        if ns.validate:
+            return _validate(ns)
+        if ns.paper:
+            from shunter.engine.sim.paper import run_paper
+
+            if ns.scenario or ns.trace or ns.rps:
+                raise ValueError(
+                    "--paper runs the paper's own settings: drop --scenario, --trace, --rps"
+                )
+            return run_paper(ns.paper, duration_s=ns.duration, seed=ns.seed, json_path=ns.json)
         return _simulate_scenario(ns) if ns.scenario else _simulate_sweep(ns)
     except ValueError as e:
         print(f"shunter simulate: {e}", file=sys.stderr)
         return 2
+
+
+def _validate(ns: argparse.Namespace) -> int:
+    from shunter.engine.sim.validate import DEFAULT_DURATION_S, run_validate
+
+    duration = DEFAULT_DURATION_S if ns.duration is None else ns.duration
+    return run_validate(duration_s=duration, json_path=ns.json)
 
 
 def _arrivals(
@@ -164,6 +214,8 @@ def _arrivals(
             ("--rps", ns.rps),
             ("--duration", ns.duration),
             ("--sharegpt", ns.sharegpt),
+            ("--workload", ns.workload),
+            ("--arrivals", ns.arrivals),
         )
         if value is not None
     ]
@@ -173,6 +225,14 @@ def _arrivals(
         raise ValueError(f"--trace replays its own arrivals and lengths: drop {', '.join(given)}")
     window, rate = trace_window(load_trace(ns.trace, models))
     return (rate,), window
+
+
+def _generated(ns: argparse.Namespace) -> dict[str, Any]:
+    """The spec's knobs for generated requests; a spec's defaults where none is given."""
+    named = {"workload_name": ns.workload, "arrivals": ns.arrivals}
+    return {"cv": ns.cv, "sharegpt": ns.sharegpt} | {
+        k: v for k, v in named.items() if v is not None
+    }
 
 
 def _simulate_sweep(ns: argparse.Namespace) -> int:
@@ -194,8 +254,7 @@ def _simulate_sweep(ns: argparse.Namespace) -> int:
         swap_bandwidth_scale=ns.swap_bandwidth_scale,
         max_running=ns.max_running,
         max_batch_tokens=ns.max_batch_tokens,
-        cv=ns.cv,
-        sharegpt=ns.sharegpt,
+        **_generated(ns),
         trace=ns.trace,
         seed=ns.seed,
     )
@@ -230,8 +289,7 @@ def _simulate_scenario(ns: argparse.Namespace) -> int:
         turn_quantum_s=ns.quantum,
         remap_cap=ns.remap_cap,
         capacity_order=ns.capacity_order,
-        cv=ns.cv,
-        sharegpt=ns.sharegpt,
+        **_generated(ns),
         trace=ns.trace,
         seed=ns.seed,
     )

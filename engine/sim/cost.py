@@ -1,11 +1,16 @@
 """Cost model: how long a forward step and a batch of host copies take on a profile.
 
 Forward steps follow a per-layer roofline: each operator class takes the longer of its
-compute time (FLOPs at peak) and its memory time (bytes at HBM bandwidth). A layer has two
-such classes, the weight GEMMs (read every weight once per step, FLOPs grow with tokens)
-and attention (reads each sequence's KV, FLOPs grow with query x context), so a decode
-batch is memory-bound and a long prefill compute-bound, as on real hardware. Activation
-traffic is small next to weights and KV and is left out.
+compute time (FLOPs at the FLOP/s a GEMM achieves) and its memory time (bytes at the
+bandwidth a memory-bound operator achieves): the profile's peaks scaled by its measured
+efficiencies (``HardwareProfile.flops`` and ``bandwidth``). A layer has two such classes,
+the weight GEMMs (read every weight once per step, FLOPs grow with tokens) and attention
+(reads each sequence's KV, FLOPs grow with query x context), so a decode batch is
+memory-bound and a long prefill compute-bound, as on real hardware. Activation traffic is
+small next to weights and KV and is left out. A layer takes at least the profile's
+``layer_overhead_s``, the host's time to issue its kernels: the host issues while the
+device computes, so a layer costs the longer of the two, not their sum. The per-step
+overhead (``step_overhead_s``) is the executor's, paid once a step.
 
 Copies follow the profile's size-dependent link bandwidth, one launch per copy call, and,
 when both directions run at once, a host-memory limit both directions share (full duplex).
@@ -63,7 +68,7 @@ class StepCostModel:
         weight_bytes = self._attn_weight_bytes + self._expert_bytes * self._experts_touched(
             num_tokens
         )
-        return max(flops / hw.peak_flops, weight_bytes / hw.hbm_bw)
+        return max(flops / hw.flops, weight_bytes / hw.bandwidth)
 
     def attention_time(self, work: Sequence[SeqWork]) -> float:
         """Attention of one layer over the batch: reads every sequence's KV once."""
@@ -75,8 +80,8 @@ class StepCostModel:
             kv_tokens += w.num_context + 2 * w.num_new  # read context + new, write new
         hw = self.hardware
         return max(
-            pairs * self._attn_flops_per_pair / hw.peak_flops,
-            kv_tokens * self._kv_layer / hw.hbm_bw,
+            pairs * self._attn_flops_per_pair / hw.flops,
+            kv_tokens * self._kv_layer / hw.bandwidth,
         )
 
     def head_time(self, num_sampled: int) -> float:
@@ -85,18 +90,23 @@ class StepCostModel:
             return 0.0
         hw = self.hardware
         return max(
-            num_sampled * self._head_flops_per_seq / hw.peak_flops,
-            self._head_bytes / hw.hbm_bw,
+            num_sampled * self._head_flops_per_seq / hw.flops,
+            self._head_bytes / hw.bandwidth,
         )
+
+    def layer_time(self, work: Sequence[SeqWork]) -> float:
+        """One decoder layer over ``work``: its roofline, or the host's time to issue
+        its kernels where that is longer."""
+        num_tokens = sum(w.num_new for w in work)
+        roofline = self.linear_time(num_tokens) + self.attention_time(work)
+        return max(roofline, self.hardware.layer_overhead_s)
 
     def forward_time(self, work: Sequence[SeqWork], num_sampled: int) -> float:
         """Seconds of this model's forward pass over ``work``, without the per-step
         overhead (a step that runs several models pays that once); zero without work."""
-        num_tokens = sum(w.num_new for w in work)
-        if num_tokens == 0:
+        if not any(w.num_new for w in work):
             return 0.0
-        per_layer = self.linear_time(num_tokens) + self.attention_time(work)
-        return self.model.num_layers * per_layer + self.head_time(num_sampled)
+        return self.model.num_layers * self.layer_time(work) + self.head_time(num_sampled)
 
 
 @dataclass(frozen=True)

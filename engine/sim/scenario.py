@@ -55,6 +55,10 @@ VARIANTS: dict[str, Variant] = {
         Variant("oneiros", "fcfs", True, preemption="recompute", eager_rotation=False),
         Variant("rotasched", "lvf", False, preemption="swap", eager_rotation=True),
         Variant("combined", "lvf", True, preemption="swap", eager_rotation=True),
+        # The same with lvf+, which rotates only when memory binds and only requests
+        # whose TBT slack covers the round trip (sched/lvf.py).
+        Variant("rotasched+", "lvf+", False, preemption="swap", eager_rotation=True),
+        Variant("combined+", "lvf+", True, preemption="swap", eager_rotation=True),
     )
 }
 

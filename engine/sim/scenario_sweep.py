@@ -22,35 +22,29 @@ from shunter.engine.config import (
     TenantSpec,
 )
 from shunter.engine.sim import report
-from shunter.engine.sim.catalog import get_model
 from shunter.engine.sim.hardware import GB, MiB, get_profile
 from shunter.engine.sim.metrics import summarize
 from shunter.engine.sim.mix import mixed_workload
 from shunter.engine.sim.runner import SimConfig, SimRun, simulate
 from shunter.engine.sim.scenario import VARIANTS, get_scenario
 from shunter.engine.sim.sweep import sweep_slo
-from shunter.engine.sim.workload import WorkloadRequest, lengths_from, load_trace
+from shunter.engine.sim.workload import (
+    DEFAULT_ARRIVALS,
+    DEFAULT_WORKLOAD,
+    Arrivals,
+    WorkloadRequest,
+    generated_config,
+    generated_label,
+    get_workload,
+    lengths_from,
+    load_trace,
+    resolve_arrivals,
+)
 
-# B_xfer is counted in SuperInfer's blocks: 16 tokens of Qwen2.5-32B's KV, 4 MiB. A
-# scenario's models have blocks of other sizes: they move as many bytes per step.
+# A B_xfer given to a scenario is counted in SuperInfer's blocks: 16 tokens of
+# Qwen2.5-32B's KV, 4 MiB. A scenario's models have blocks of other sizes: they move as
+# many bytes per step.
 XFER_BLOCK_BYTES = 4 * MiB
-XFER_BUDGET_BLOCKS = SchedulerConfig().xfer_budget_blocks
-
-
-def _paper_xfer_share() -> float:
-    """SuperInfer's B_xfer as a share of the KV pool it rotated: 2400 blocks of 4 MiB
-    against what Qwen2.5-32B's weights leave of 90% of a 144 GB GH200 (§5.2), ~0.16."""
-    qwen, gh200 = get_model("qwen2.5-32b"), get_profile("gh200")
-    pool = 0.9 * gh200.hbm_bytes - qwen.param_bytes
-    return XFER_BUDGET_BLOCKS * XFER_BLOCK_BYTES / pool
-
-
-# The default B_xfer of a scenario is SuperInfer's in bytes, but no larger a share of
-# the scenario's KV pool than SuperInfer's was of its own. B_xfer is the link's bytes per
-# step, and the paper only ran it as a fraction of the pool; the scenarios' pools are a
-# few GB (c2: 3.6 GB), and SuperInfer's 10 GB would let LVF turn the whole pool over
-# every step.
-XFER_POOL_SHARE = _paper_xfer_share()
 
 
 @dataclass(frozen=True)
@@ -59,12 +53,14 @@ class ScenarioSpec:
 
     ``rates`` are requests per second per model while it receives any; ``window_s`` is
     each model's share of a temporal cycle. ``hardware`` defaults to the scenario's.
-    ``xfer_budget`` is B_xfer in ``XFER_BLOCK_BYTES`` blocks; by default
-    ``XFER_BUDGET_BLOCKS`` of them, at most ``XFER_POOL_SHARE`` of the scenario's KV
-    pool (its models' KV floors). ``alpha``, ``beta_b`` and ``beta_f`` are the VLT's,
-    ``swap_bandwidth_scale`` scales every copy bandwidth, ``sharegpt`` draws request
-    lengths from a ShareGPT file; a ``trace`` (JSONL, every model named in it served
-    here) replaces the generated requests at every rate and in every sharing mode.
+    ``xfer_budget`` is B_xfer in ``XFER_BLOCK_BYTES`` blocks; by default (None) it is
+    what the link moves within a step, each step (``runner.link_xfer_blocks``).
+    ``alpha``, ``beta_b`` and ``beta_f`` are the VLT's,
+    ``swap_bandwidth_scale`` scales every copy bandwidth. Request lengths are
+    ``workload_name``'s (``workload.WORKLOADS``), or drawn from a ``sharegpt`` file; each
+    model's gaps follow ``arrivals`` (``workload.get_arrivals``; ``cv`` other than 1 is
+    ``gamma:CV``). A ``trace`` (JSONL, every model named in it served here) replaces the
+    generated requests at every rate and in every sharing mode.
     """
 
     scenario: str
@@ -87,6 +83,8 @@ class ScenarioSpec:
     remap_cap: float = 0.5
     capacity_order: tuple[str, ...] = CAPACITY_SOURCES
     cv: float = 1.0
+    arrivals: str = DEFAULT_ARRIVALS
+    workload_name: str = DEFAULT_WORKLOAD
     sharegpt: str | None = None
     trace: str | None = None
     seed: int = 0
@@ -95,6 +93,12 @@ class ScenarioSpec:
         unknown = [v for v in self.variants if v not in VARIANTS]
         if unknown:
             raise ValueError(f"unknown variants {unknown}: choose from {list(VARIANTS)}")
+        get_workload(self.workload_name, self.sharegpt)
+        resolve_arrivals(self.arrivals, self.cv)
+
+    @property
+    def arrival_process(self) -> Arrivals:
+        return resolve_arrivals(self.arrivals, self.cv)
 
     @property
     def hardware_name(self) -> str:
@@ -126,24 +130,21 @@ class ScenarioSpec:
         )
         # The engine counts B_xfer in blocks of its largest block size.
         largest = max(m.block_bytes(config.block_tokens) for m in scenario.models)
+        fixed = self.xfer_budget_bytes
         scheduler = SchedulerConfig(
             policy=v.policy,
             preemption=v.preemption,
-            xfer_budget_blocks=max(1, self.xfer_budget_bytes // largest),
+            xfer_budget_blocks=0 if fixed is None else max(1, fixed // largest),
             max_running=self.max_running,
             max_batch_tokens=self.max_batch_tokens,
             turn_quantum_s=self.turn_quantum_s,
         )
-        return dataclasses.replace(config, scheduler=scheduler)
+        return dataclasses.replace(config, scheduler=scheduler, xfer_budget_from_link=fixed is None)
 
     @property
-    def xfer_budget_bytes(self) -> int:
-        """B_xfer in bytes per step."""
-        if self.xfer_budget is not None:
-            return self.xfer_budget * XFER_BLOCK_BYTES
-        floors = get_scenario(self.scenario).kv_floors(get_profile(self.hardware_name).hbm_bytes)
-        pool = sum(floors.values())
-        return min(XFER_BUDGET_BLOCKS * XFER_BLOCK_BYTES, int(XFER_POOL_SHARE * pool))
+    def xfer_budget_bytes(self) -> int | None:
+        """B_xfer in bytes per step as given; None: from the link, each step."""
+        return None if self.xfer_budget is None else self.xfer_budget * XFER_BLOCK_BYTES
 
     def workload(self, sharing: str, rate: float) -> list[WorkloadRequest]:
         """The same requests for every variant at one rate and sharing mode."""
@@ -151,7 +152,11 @@ class ScenarioSpec:
         if self.trace is not None:
             return load_trace(self.trace, [name for name, _ in scenario.shares])
         loads = scenario.loads(
-            sharing, rate, window_s=self.window_s, cv=self.cv, lengths=lengths_from(self.sharegpt)
+            sharing,
+            rate,
+            window_s=self.window_s,
+            cv=self.arrival_process.cv,
+            lengths=lengths_from(self.sharegpt, self.workload_name),
         )
         return mixed_workload(loads, duration_s=self.duration_s, seed=self.seed)
 
@@ -159,7 +164,11 @@ class ScenarioSpec:
         models = ", ".join(
             f"{name} {share:.0%}" for name, share in get_scenario(self.scenario).shares
         )
-        arrivals = f"trace {self.trace}" if self.trace else f"{self.duration_s:g} s of arrivals"
+        arrivals = (
+            f"trace {self.trace}"
+            if self.trace
+            else generated_label(self.duration_s, self.workload_name, self.arrival_process)
+        )
         scale = self.swap_bandwidth_scale
         swap = "" if scale == 1.0 else f", swap bandwidth x{scale:g}"
         return (
@@ -296,10 +305,11 @@ def _config_json(spec: ScenarioSpec) -> dict[str, Any]:
     config["hardware"] = spec.hardware_name
     config["shares"] = [list(share) for share in get_scenario(spec.scenario).shares]
     config["xfer_budget_bytes"] = spec.xfer_budget_bytes
-    config["workload"] = (
-        "JSONL trace"
-        if spec.trace
-        else ("ShareGPT file" if spec.sharegpt else "synthetic ShareGPT-like")
-        + ", per-model gamma arrivals"
+    config.update(
+        generated_config(
+            spec.workload_name, spec.arrival_process, sharegpt=spec.sharegpt, trace=spec.trace
+        )
     )
+    if not spec.trace:
+        config["workload"] += ", per-model gamma arrivals"
     return config

@@ -17,12 +17,19 @@ from shunter.engine.sim.hardware import get_profile
 from shunter.engine.sim.metrics import summarize
 from shunter.engine.sim.runner import SimConfig, simulate
 from shunter.engine.sim.workload import (
+    DEFAULT_ARRIVALS,
+    DEFAULT_WORKLOAD,
+    Arrivals,
     LengthSampler,
     WorkloadRequest,
     build_workload,
     gamma_arrivals,
+    generated_config,
+    generated_label,
+    get_workload,
     lengths_from,
     load_trace,
+    resolve_arrivals,
 )
 
 
@@ -57,7 +64,10 @@ def sweep_slo(knobs: SloKnobs) -> SloSpec:
 class SweepSpec:
     """What ``shunter simulate`` was asked for (see its ``--help`` for each knob).
 
-    With a ``trace`` the workload is that JSONL trace, the same at every rate given.
+    Requests are generated with ``workload_name``'s lengths (``workload.WORKLOADS``; a
+    ``sharegpt`` file replaces them) and ``arrivals``' gaps (``workload.get_arrivals``;
+    ``cv`` other than 1 is the same as ``gamma:CV``). With a ``trace`` the workload is
+    that JSONL trace, the same at every rate given.
     """
 
     model: str
@@ -75,9 +85,19 @@ class SweepSpec:
     max_running: int | None = None
     max_batch_tokens: int | None = None
     cv: float = 1.0
+    arrivals: str = DEFAULT_ARRIVALS
+    workload_name: str = DEFAULT_WORKLOAD
     sharegpt: str | None = None
     trace: str | None = None
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        get_workload(self.workload_name, self.sharegpt)
+        resolve_arrivals(self.arrivals, self.cv)
+
+    @property
+    def arrival_process(self) -> Arrivals:
+        return resolve_arrivals(self.arrivals, self.cv)
 
     def sim_config(self, policy: str) -> SimConfig:
         """The engine of ``policy``: a policy name with the engine's defaults, or a
@@ -90,9 +110,8 @@ class SweepSpec:
                 defaults,
                 max_running=self.max_running or defaults.max_running,
                 max_batch_tokens=self.max_batch_tokens or defaults.max_batch_tokens,
-                xfer_budget_blocks=(
-                    defaults.xfer_budget_blocks if self.xfer_budget is None else self.xfer_budget
-                ),
+                # None: what the link moves within a step, from the first step's on.
+                xfer_budget_blocks=0 if self.xfer_budget is None else self.xfer_budget,
             )
             rotation = RotationConfig()
         else:
@@ -109,6 +128,7 @@ class SweepSpec:
             scheduler=scheduler,
             rotation=rotation,
             swap_bandwidth_scale=self.swap_bandwidth_scale,
+            xfer_budget_from_link=baseline is None and self.xfer_budget is None,
         )
 
     def workload(self, rate: float, lengths: LengthSampler) -> list[WorkloadRequest]:
@@ -117,11 +137,12 @@ class SweepSpec:
         if self.trace is not None:
             return load_trace(self.trace, (self.model,))
         rng = random.Random(self.seed)
-        arrivals = gamma_arrivals(rate, self.cv, round(rate * self.duration_s), rng)
+        cv = self.arrival_process.cv
+        arrivals = gamma_arrivals(rate, cv, round(rate * self.duration_s), rng)
         return build_workload(arrivals, lengths, self.model, rng)
 
     def lengths(self) -> LengthSampler:
-        return lengths_from(self.sharegpt)
+        return lengths_from(self.sharegpt, self.workload_name)
 
     def describe(self) -> str:
         scale = self.swap_bandwidth_scale
@@ -134,7 +155,7 @@ class SweepSpec:
     def _arrivals(self) -> str:
         if self.trace is not None:
             return f"trace {self.trace}"
-        return f"{self.duration_s:g} s of arrivals"
+        return generated_label(self.duration_s, self.workload_name, self.arrival_process)
 
 
 def run_sweep(spec: SweepSpec, *, json_path: str | None, plot_path: str | None) -> int:
@@ -188,12 +209,10 @@ def _config_json(spec: SweepSpec) -> dict[str, Any]:
         "copy_curve": [list(point) for point in hardware.copy_curve],
         "sources": list(hardware.sources),
     }
-    config["workload"] = (
-        "JSONL trace"
-        if spec.trace
-        else "ShareGPT file"
-        if spec.sharegpt
-        else "synthetic ShareGPT-like"
+    config.update(
+        generated_config(
+            spec.workload_name, spec.arrival_process, sharegpt=spec.sharegpt, trace=spec.trace
+        )
     )
     return config
 

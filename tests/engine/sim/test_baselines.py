@@ -46,9 +46,12 @@ def test_baselines_carry_their_systems_settings() -> None:
     assert (superinfer.scheduler.policy, superinfer.scheduler.preemption) == ("lvf", "swap")
     assert superinfer.scheduler.max_running == superinfer.scheduler.max_batch_tokens == 16384
     assert superinfer.scheduler.xfer_budget_blocks == 2400 and superinfer.rotation.eager
-    # A plain policy keeps the engine's defaults.
+    # A plain policy keeps the engine's defaults, with B_xfer from the link each step;
+    # a baseline keeps its system's fixed one.
     defaults = SchedulerConfig()
-    assert fcfs.scheduler == dataclasses.replace(defaults, policy="fcfs")
+    assert fcfs.scheduler == dataclasses.replace(defaults, policy="fcfs", xfer_budget_blocks=0)
+    assert fcfs.xfer_budget_from_link
+    assert not superinfer.xfer_budget_from_link and not vllm.xfer_budget_from_link
 
 
 def test_limits_a_run_gives_replace_a_baselines_own() -> None:

@@ -167,3 +167,47 @@ def test_simulate_refuses_a_trace_naming_a_model_not_in_the_run(
     assert "drop --rps" in capsys.readouterr().err
     assert main(["simulate", "--model", "opt-30b", "--trace", str(tmp_path / "none.jsonl")]) == 2
     assert "cannot read trace" in capsys.readouterr().err
+
+
+def test_simulate_records_the_named_workload_and_arrivals(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_json = tmp_path / "out.json"
+    argv = [
+        "simulate", "--model", "llama-3-8b", "--hardware", "h100", "--policy", "fcfs",
+        "--rps", "2", "--duration", "3", "--workload", "lmsys", "--arrivals", "azure-conv",
+        "--json", str(out_json),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    assert "3 s of azure-conv arrivals, lmsys lengths" in capsys.readouterr().out
+    config = json.loads(out_json.read_text())["config"]
+    assert (config["workload_name"], config["arrivals"]) == ("lmsys", "azure-conv")
+    assert config["workload"].startswith("LMSYS-Chat-1M") and config["workload_sources"]
+    assert config["arrival_process"]["cv"] == 1.094 and config["arrival_process"]["sources"]
+
+    scenario = ["simulate", "--scenario", "c2", "--variant", "none", "--rps", "2"]
+    scenario += ["--duration", "2", "--window", "1", "--cv", "2", "--json", str(out_json)]
+    assert main([*scenario, "--workload", "sharegpt-gen"]) == 0
+    assert "2 s of gamma:2.0 arrivals, sharegpt-gen lengths" in capsys.readouterr().out
+    config = json.loads(out_json.read_text())["config"]
+    assert config["arrival_process"]["name"] == "gamma:2.0" and config["cv"] == 2.0
+    assert config["workload"].endswith(", per-model gamma arrivals")
+
+
+def test_simulate_refuses_unknown_or_conflicting_workload_knobs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["simulate", "--model", "llama-3-8b", "--hardware", "h100", "--rps", "1"]
+    refused = {
+        "unknown workload 'alpaca'": ["--workload", "alpaca"],
+        "unknown arrivals 'bursty'": ["--arrivals", "bursty"],
+        "(--cv CV is --arrivals gamma:CV): give one": ["--cv", "2", "--arrivals", "azure-code"],
+        "replaces the lmsys workload": ["--sharegpt", "x.json", "--workload", "lmsys"],
+    }
+    for message, knobs in refused.items():
+        assert main([*base, *knobs]) == 2
+        assert message in capsys.readouterr().err
+    trace = _trace(tmp_path / "t.jsonl", [(0.0, 10, 2, "llama-3-8b")])
+    argv = ["simulate", "--model", "llama-3-8b", "--trace", trace, "--workload", "lmsys"]
+    assert main([*argv, "--arrivals", "poisson"]) == 2
+    assert "drop --workload, --arrivals" in capsys.readouterr().err

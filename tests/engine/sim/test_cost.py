@@ -1,10 +1,14 @@
+import dataclasses
+
 import pytest
 
 from shunter.engine.sim.catalog import get_model
 from shunter.engine.sim.cost import CopyBatch, CopyCostModel, SeqWork, StepCostModel
-from shunter.engine.sim.hardware import GB, MiB, gh200, h200
+from shunter.engine.sim.hardware import GB, MiB, gh200, h100, h200
 
 QWEN = get_model("qwen2.5-32b")
+# The roofline alone: no per-layer host floor.
+ROOFLINE = dataclasses.replace(gh200, layer_overhead_s=0.0)
 
 
 def fwd(cost: StepCostModel, work: list[SeqWork], num_sampled: int) -> float:
@@ -15,27 +19,67 @@ def decodes(n: int, context: int) -> list[SeqWork]:
     return [SeqWork(1, context) for _ in range(n)]
 
 
-def test_decode_is_memory_bound() -> None:
-    cost = StepCostModel(QWEN, gh200)
-    # A decode step reads every layer and the output head (not the input embedding).
+def test_decode_is_memory_bound_at_the_achieved_bandwidth() -> None:
+    cost = StepCostModel(QWEN, ROOFLINE)
+    # A decode step reads every layer and the output head (not the input embedding), at
+    # the bandwidth a memory-bound operator achieves, not the datasheet's.
     head_bytes = QWEN.vocab_size * QWEN.hidden_size * QWEN.dtype_bytes
-    weights_s = (QWEN.num_layers * QWEN.layer_bytes + head_bytes) / gh200.hbm_bw
+    weights_s = (QWEN.num_layers * QWEN.layer_bytes + head_bytes) / gh200.bandwidth
+    assert gh200.bandwidth == pytest.approx(gh200.hbm_bw * gh200.hbm_efficiency)
     one = fwd(cost, decodes(1, 512), 1)
     # Reading the weights dominates; one sequence's KV adds a little.
     assert weights_s < one < 1.05 * weights_s
     # 32 decodes cost barely more than one: the weight read is shared.
     assert fwd(cost, decodes(32, 512), 32) < 1.2 * one
-    linear_flops_s = 2 * QWEN.num_params * 32 / gh200.peak_flops
-    assert linear_flops_s < QWEN.param_bytes / gh200.hbm_bw
+    linear_flops_s = 2 * QWEN.num_params * 32 / gh200.flops
+    assert linear_flops_s < QWEN.param_bytes / gh200.bandwidth
 
 
-def test_long_prefill_is_compute_bound() -> None:
+def test_long_prefill_is_compute_bound_at_the_achieved_flops() -> None:
     cost = StepCostModel(QWEN, gh200)
     t4k = fwd(cost, [SeqWork(4096, 0)], 1)
-    flops_s = 2 * QWEN.num_layers * QWEN.layer_params * 4096 / gh200.peak_flops
+    flops_s = 2 * QWEN.num_layers * QWEN.layer_params * 4096 / gh200.flops
     assert flops_s < t4k < 1.3 * flops_s
     # Twice the tokens, at least twice the time (attention grows quadratically).
     assert fwd(cost, [SeqWork(8192, 0)], 1) > 2 * t4k
+
+
+def test_halving_an_efficiency_doubles_the_time_it_bounds() -> None:
+    slow_hbm = dataclasses.replace(ROOFLINE, hbm_efficiency=ROOFLINE.hbm_efficiency / 2)
+    slow_gemm = dataclasses.replace(ROOFLINE, gemm_efficiency=ROOFLINE.gemm_efficiency / 2)
+    decode, prefill = decodes(64, 1024), [SeqWork(4096, 0)]
+    fast = StepCostModel(QWEN, ROOFLINE)
+    # A decode layer is memory-bound: only the HBM fraction moves it.
+    assert StepCostModel(QWEN, slow_hbm).layer_time(decode) == pytest.approx(
+        2 * fast.layer_time(decode)
+    )
+    assert StepCostModel(QWEN, slow_gemm).layer_time(decode) == pytest.approx(
+        fast.layer_time(decode)
+    )
+    # A long prefill layer is compute-bound: only the GEMM fraction moves it.
+    assert StepCostModel(QWEN, slow_gemm).layer_time(prefill) == pytest.approx(
+        2 * fast.layer_time(prefill)
+    )
+    assert StepCostModel(QWEN, slow_hbm).layer_time(prefill) == pytest.approx(
+        fast.layer_time(prefill)
+    )
+
+
+def test_a_layer_takes_the_longer_of_its_roofline_and_the_host_floor() -> None:
+    llama = get_model("llama-3-8b")
+    floor = 1e-3  # above any roofline layer below
+    floored = StepCostModel(llama, dataclasses.replace(h100, layer_overhead_s=floor))
+    bare = StepCostModel(llama, dataclasses.replace(h100, layer_overhead_s=0.0))
+    small = decodes(1, 128)
+    assert bare.layer_time(small) < floor
+    assert floored.layer_time(small) == floor
+    assert floored.forward_time(small, 1) == pytest.approx(
+        llama.num_layers * floor + floored.head_time(1)
+    )
+    # Longer than the floor, the roofline stands alone: overlapped, not added.
+    big = [SeqWork(8192, 0)]
+    assert bare.layer_time(big) > floor
+    assert floored.layer_time(big) == bare.layer_time(big)
 
 
 def test_step_time_grows_with_batch_and_context() -> None:
@@ -57,8 +101,8 @@ def test_moe_decode_reads_only_the_routed_experts() -> None:
     cost = StepCostModel(mixtral, gh200)
     one = cost.linear_time(1)
     many = cost.linear_time(256)
-    expert_s = mixtral.expert_params * mixtral.dtype_bytes / gh200.hbm_bw
-    attn_s = mixtral.attention_params * mixtral.dtype_bytes / gh200.hbm_bw
+    expert_s = mixtral.expert_params * mixtral.dtype_bytes / gh200.bandwidth
+    attn_s = mixtral.attention_params * mixtral.dtype_bytes / gh200.bandwidth
     assert one == pytest.approx(attn_s + 2 * expert_s)
     # 256 tokens routed two-of-eight touch every expert.
     assert many == pytest.approx(attn_s + 8 * expert_s, rel=1e-3)

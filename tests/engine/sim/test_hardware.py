@@ -5,6 +5,8 @@ import pytest
 
 from shunter.engine.sim.hardware import (
     GB,
+    HOST_LAYER_OVERHEAD_S,
+    HOST_STEP_OVERHEAD_S,
     PROFILES,
     HardwareProfile,
     KiB,
@@ -61,6 +63,11 @@ def test_load_profile_round_trip(tmp_path: Path) -> None:
     profile = load_profile(path)
     assert profile.host_mem_bw is None
     assert profile.link_bandwidth(1048576) == pytest.approx(8e10)
+    # A file without the efficiency keys (written before them, or measured) is used as
+    # measured: its GEMM and HBM figures are achieved ones, and no per-layer floor.
+    assert (profile.gemm_efficiency, profile.hbm_efficiency) == (1.0, 1.0)
+    assert profile.layer_overhead_s == 0.0
+    assert (profile.flops, profile.bandwidth) == (7e14, 4.0e12)
     assert get_profile(str(path)) == profile
     assert get_profile("gh200") is gh200
 
@@ -86,6 +93,42 @@ def test_load_profile_rejects_missing_keys_and_bad_curves(tmp_path: Path) -> Non
         get_profile("tpu")
 
 
+def test_efficiencies_are_fractions_and_overheads_not_negative() -> None:
+    fields = {
+        "name": "x",
+        "hbm_bytes": 1,
+        "hbm_bw": 1,
+        "peak_flops": 1,
+        "host_bytes": 1,
+        "copy_curve": ((1.0, 1.0),),
+        "host_mem_bw": None,
+        "copy_launch_s": 0,
+        "step_overhead_s": 0,
+    }
+    HardwareProfile(**fields, gemm_efficiency=1.0, hbm_efficiency=0.5)
+    for bad in (0.0, -0.1, 1.01):
+        with pytest.raises(ValueError, match="gemm_efficiency"):
+            HardwareProfile(**fields, gemm_efficiency=bad)
+        with pytest.raises(ValueError, match="hbm_efficiency"):
+            HardwareProfile(**fields, hbm_efficiency=bad)
+    with pytest.raises(ValueError, match="overheads"):
+        HardwareProfile(**fields, layer_overhead_s=-1e-6)
+
+
+def test_built_in_efficiencies_come_from_the_measured_figures() -> None:
+    # H100: the measured GEMM midpoint (743-761 TFLOP/s) and decode attention kernel
+    # (2,741-2,744 GB/s); H200 and GH200: the H200's GEMM midpoint (769-798).
+    assert h100.flops == pytest.approx(752e12)
+    assert h100.bandwidth == pytest.approx(2742.5e9)
+    assert h200.flops == gh200.flops == pytest.approx(783.5e12)
+    assert h200.bandwidth / h200.hbm_bw == gh200.bandwidth / gh200.hbm_bw
+    for p in PROFILES.values():
+        assert 0.7 < p.gemm_efficiency < 0.85 and 0.75 < p.hbm_efficiency < 0.9
+        assert p.step_overhead_s == HOST_STEP_OVERHEAD_S
+        assert p.layer_overhead_s == HOST_LAYER_OVERHEAD_S
+        assert any(s.startswith("MEASURED") for s in p.sources)
+
+
 @pytest.mark.parametrize("profile", list(PROFILES.values()), ids=list(PROFILES))
 def test_profile_json_round_trips_through_load_profile(
     profile: HardwareProfile, tmp_path: Path
@@ -95,6 +138,7 @@ def test_profile_json_round_trips_through_load_profile(
     loaded = load_profile(path)
     assert loaded == profile
     assert loaded.sources == profile.sources
+    assert loaded.gemm_efficiency == profile.gemm_efficiency < 1
 
 
 def test_load_profile_ignores_a_calibration_object(tmp_path: Path) -> None:

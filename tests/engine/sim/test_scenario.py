@@ -12,7 +12,7 @@ import pytest
 
 from shunter.engine.sim.hardware import GB, MiB, gh200_96g
 from shunter.engine.sim.scenario import SCENARIOS, VARIANTS, get_scenario
-from shunter.engine.sim.scenario_sweep import XFER_POOL_SHARE, ScenarioSpec
+from shunter.engine.sim.scenario_sweep import ScenarioSpec
 from shunter.engine.sim.switch import SwitchCosts
 
 
@@ -42,6 +42,7 @@ def test_temporal_models_take_windows_in_turn_spatial_ones_are_always_on() -> No
 def test_variants_cross_policy_with_remapping() -> None:
     assert {(v.policy, v.remap) for v in VARIANTS.values()} == {
         ("fcfs", False), ("fcfs", True), ("lvf", False), ("lvf", True),
+        ("lvf+", False), ("lvf+", True),
     }  # fmt: skip
 
 
@@ -55,7 +56,7 @@ def test_switches_cost_only_between_temporal_models() -> None:
 
 
 _RUN_C2 = """
-from shunter.engine.sim.scenario_sweep import XFER_POOL_SHARE, ScenarioSpec
+from shunter.engine.sim.scenario_sweep import ScenarioSpec
 from shunter.engine.sim.runner import simulate
 spec = ScenarioSpec("c2", ("temporal",), ("oneiros",), (2.0,), duration_s=35.0)
 run = simulate(spec.sim_config("oneiros", "temporal"), spec.workload("temporal", 2.0))
@@ -114,9 +115,11 @@ def test_the_transfer_budget_counts_4_mib_blocks_whatever_the_models_blocks() ->
     assert config.scheduler.xfer_budget_blocks == 300 * 4 * MiB // largest
 
 
-def test_the_default_transfer_budget_is_at_most_superinfers_share_of_the_pool() -> None:
-    assert 0.156 < XFER_POOL_SHARE < 0.158
+def test_the_default_transfer_budget_comes_from_the_link_each_step() -> None:
     for name in ("c1", "c2"):
         spec = ScenarioSpec(name, ("temporal",), ("rotasched",), (2.0,))
-        pool = sum(get_scenario(name).kv_floors(gh200_96g.hbm_bytes).values())
-        assert spec.xfer_budget_bytes == int(XFER_POOL_SHARE * pool) < 2400 * 4 * MiB
+        config = spec.sim_config("rotasched", "temporal")
+        assert spec.xfer_budget_bytes is None and config.xfer_budget_from_link
+        assert config.scheduler.xfer_budget_blocks == 0  # the first step's, before any ran
+    given = ScenarioSpec("c2", ("temporal",), ("rotasched",), (2.0,), xfer_budget=300)
+    assert not given.sim_config("rotasched", "temporal").xfer_budget_from_link
