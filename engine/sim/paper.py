@@ -25,8 +25,7 @@ from typing import Any
 
 from shunter.engine.sim import report
 from shunter.engine.sim.report import LABEL, Column, Row
-from shunter.engine.sim.runner import simulate
-from shunter.engine.sim.scenario_sweep import ScenarioSpec, scenario_row
+from shunter.engine.sim.scenario_sweep import ScenarioSpec, scenario_rows
 from shunter.engine.sim.sweep import SweepSpec, sweep_rows
 from shunter.engine.sim.workload import get_workload
 
@@ -431,20 +430,6 @@ def oneiros_spec(
         workload_name=ONEIROS_WORKLOAD,
         seed=seed,
     )
-
-
-def scenario_rows(spec: ScenarioSpec) -> list[Row]:
-    """Every (sharing, rate, variant) of ``spec``, in that order: the same requests for
-    every variant of a rate and sharing mode."""
-    rows = []
-    for sharing in spec.sharing:
-        configs = {v: spec.sim_config(v, sharing) for v in spec.variants}
-        for rate in spec.rates:
-            workload = spec.workload(sharing, rate)
-            for variant in spec.variants:
-                run = simulate(configs[variant], workload)
-                rows.append(scenario_row(spec, variant, sharing, rate, run))
-    return rows
 
 
 ONEIROS_COLUMNS: tuple[Column, ...] = (

@@ -243,8 +243,9 @@ def scenario_row(
     }
 
 
-def run_scenarios(spec: ScenarioSpec, *, json_path: str | None, plot_path: str | None) -> int:
-    """Simulate every (sharing, variant, rate), print the tables, write JSON and plot."""
+def scenario_rows(spec: ScenarioSpec) -> list[report.Row]:
+    """Every (sharing, rate, variant) of ``spec``, in that order: the same requests for
+    every variant of a rate and sharing mode."""
     rows: list[report.Row] = []
     for sharing in spec.sharing:
         configs = {v: spec.sim_config(v, sharing) for v in spec.variants}
@@ -253,6 +254,12 @@ def run_scenarios(spec: ScenarioSpec, *, json_path: str | None, plot_path: str |
             for variant in spec.variants:
                 run = simulate(configs[variant], workload)
                 rows.append(scenario_row(spec, variant, sharing, rate, run))
+    return rows
+
+
+def run_scenarios(spec: ScenarioSpec, *, json_path: str | None, plot_path: str | None) -> int:
+    """Simulate every (sharing, variant, rate), print the tables, write JSON and plot."""
+    rows = scenario_rows(spec)
     order = {v: i for i, v in enumerate(spec.variants)}
     rows.sort(key=lambda r: (spec.sharing.index(r["sharing"]), order[r["variant"]], r["rps"]))
     print(report.format_table(rows, spec.describe(), COLUMNS))
