@@ -47,7 +47,8 @@ class SimConfig:
     requests'); ``switch_s`` is the fixed cost of a temporal model switch.
     ``xfer_budget_from_link``: B_xfer is not the scheduler's fixed figure but what the
     link moves within a step, each step (``link_xfer_blocks`` of the previous step's
-    duration); the scheduler's figure is only the first step's.
+    duration, less the weight copies that step made over the same link); the
+    scheduler's figure is only the first step's.
     """
 
     models: tuple[ModelSpec, ...]
@@ -166,10 +167,13 @@ def rotation_rate(copies: CopyCostModel, block_bytes: int) -> float:
     return rate
 
 
-def link_xfer_blocks(copies: CopyCostModel, block_bytes: int, seconds: float) -> int:
+def link_xfer_blocks(
+    copies: CopyCostModel, block_bytes: int, seconds: float, *, weight_bytes: int = 0
+) -> int:
     """B_xfer the link allows in ``seconds``: blocks of ``block_bytes`` at the
-    ``rotation_rate``."""
-    return int(rotation_rate(copies, block_bytes) * seconds // block_bytes)
+    ``rotation_rate``, less ``weight_bytes`` of weight copies on the same link."""
+    room = rotation_rate(copies, block_bytes) * seconds - weight_bytes
+    return max(0, int(room // block_bytes))
 
 
 def simulate(config: SimConfig, workload: Sequence[WorkloadRequest]) -> SimRun:
@@ -248,11 +252,15 @@ def simulate(config: SimConfig, workload: Sequence[WorkloadRequest]) -> SimRun:
             clock.advance_to(requests[next_arrival].t_arr)
             last_emitted, last_emitted_step = clock.now(), num_steps
             continue
+        weights_before = executor.totals.weight_bytes
         stats = core.step()
         num_steps += 1
         if config.xfer_budget_from_link:
+            # Weight copies share the host-to-device link (remapped layers streamed into
+            # slots, restored layers): what they took last step is not there for KV.
+            weights = executor.totals.weight_bytes - weights_before
             core.scheduler.set_xfer_budget(
-                link_xfer_blocks(copies, largest_block, stats.duration_s)
+                link_xfer_blocks(copies, largest_block, stats.duration_s, weight_bytes=weights)
             )
         peak_budget = max(peak_budget, core.scheduler.config.xfer_budget_blocks)
         rotations += stats.num_preempted

@@ -128,6 +128,11 @@ def test_b_xfer_from_the_link_is_what_it_moves_in_a_step() -> None:
     assert link_xfer_blocks(slow, block, 0.1) == pytest.approx(
         link_xfer_blocks(copies, block, 0.1) / 2, abs=1
     )
+    # Weight copies on the same link leave less for KV, and never less than nothing.
+    full = link_xfer_blocks(copies, block, 0.1)
+    half = link_xfer_blocks(copies, block, 0.1, weight_bytes=full * block // 2)
+    assert half == pytest.approx(full / 2, abs=1)
+    assert link_xfer_blocks(copies, block, 0.1, weight_bytes=10**15) == 0
     # Grace's DRAM serves both directions: each gets at most half of it.
     assert link_xfer_blocks(copies, block, 1.0) * block <= gh200.host_mem_bw / 2  # type: ignore[operator]
 
