@@ -258,9 +258,11 @@ def simulate(config: SimConfig, workload: Sequence[WorkloadRequest]) -> SimRun:
         if config.xfer_budget_from_link:
             # Weight copies share the host-to-device link (remapped layers streamed into
             # slots, restored layers): what they took last step is not there for KV.
-            weights = executor.totals.weight_bytes - weights_before
+            step_weight_bytes = executor.totals.weight_bytes - weights_before
             core.scheduler.set_xfer_budget(
-                link_xfer_blocks(copies, largest_block, stats.duration_s, weight_bytes=weights)
+                link_xfer_blocks(
+                    copies, largest_block, stats.duration_s, weight_bytes=step_weight_bytes
+                )
             )
         peak_budget = max(peak_budget, core.scheduler.config.xfer_budget_blocks)
         rotations += stats.num_preempted
