@@ -53,7 +53,11 @@ H200_HBM_EFFICIENCY = _H200_COPY_BW / 4.8e12 * _H100_DECODE_ATTENTION_BW / _H100
 #   (bf16): 6.09 and 7.56 ms in two runs, mean 6.825 ms; its roofline on the H100 profile
 #   is 0.175 ms a layer and 0.383 ms for the head;
 # - small-llama (fp32, 12 layers, 768 wide): 8.7 ms a decode step whatever the batch
-#   (launch-bound: a roofline of 0.012 ms a layer and 0.009 ms for the head).
+#   (launch-bound: a roofline of 0.012 ms a layer and 0.009 ms for the head), from
+#   ``engine calibrate``'s first run (step overhead 8.70 ms; decode steps 8.8-10.0 ms at
+#   batch 1-64). The same machine measured 13.7-23.1 ms in a second calibrate run and
+#   21.1 ms in bench remap-exec at batch 8: with 13.7 ms, b would be ~0.9 ms and a
+#   ~2.8 ms. The small model's steps are that noisy; these constants carry that doubt.
 # a + 4 b = 6.825 - 0.383 and a + 12 b = 8.7 - 0.009 give b = 0.281 ms (above the 0.175 ms
 # roofline, as assumed) and a = 5.32 ms; rounded to 0.28 and 5.3 ms. Each run alone gives
 # b 0.19-0.37 ms and a 4.2-6.4 ms: the two measurements are that far apart.
