@@ -16,7 +16,8 @@ class LvfPolicy(Policy):
 
     1. Contention check: if the free blocks hold every waiting and rotary request and
        the free slots take them all, admit in arrival order (FCFS) and stop.
-    2. Sort all requests by VLT, descending.
+    2. Sort all requests by VLT, descending (equal VLTs: the higher tenant priority
+       first, where the input gives priorities).
     3. Prioritize: with ``left = free + B_xfer``, take non-running requests with
        VLT >= 0 from the head whose blocks fit in ``left``, as long as a slot is free
        or can be freed: by preempting the next running request with VLT < 0 from the
@@ -72,7 +73,14 @@ class LvfPolicy(Policy):
         free, slots = state.num_free_blocks, state.num_free_slots
 
         lag = vlts(candidates, state.now)
-        head = sorted(range(len(candidates)), key=lag.__getitem__, reverse=True)
+        # The largest VLT first; on equal VLT the higher tenant priority (stable sort:
+        # then the order given).
+        priority = state.priority
+        if priority is None:
+            head = sorted(range(len(candidates)), key=lag.__getitem__, reverse=True)
+        else:
+            ranks = [priority(r) for r in candidates]
+            head = sorted(range(len(candidates)), key=lambda i: (lag[i], ranks[i]), reverse=True)
         xfer = state.xfer_budget
         tail = self._victims(state)
         victims: list[Request] = []  # the head of ``tail``, pulled as slots are needed

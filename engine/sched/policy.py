@@ -30,7 +30,8 @@ class PolicyInput:
     policy preempts only those proactively. ``num_free_slots`` is how many more
     requests the running cap lets run now (engine-wide, before this decision).
     ``swap_s(r)``, where the link's rate is known, is the seconds the link takes to
-    copy a running request's KV out and back in.
+    copy a running request's KV out and back in. ``priority(r)`` is the priority of the
+    tenant whose model r is for (``TenantSpec.priority``; higher first on equal lag).
     """
 
     model: str
@@ -45,6 +46,7 @@ class PolicyInput:
     blks: Callable[[Sequence[Request]], list[int]]
     can_rotate: Callable[[Request], bool]
     swap_s: Callable[[Request], float] | None = None
+    priority: Callable[[Request], int] | None = None
 
 
 @dataclass

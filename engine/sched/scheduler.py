@@ -412,6 +412,9 @@ class Scheduler:
                 decodes.append(r)
         return decodes, prefills
 
+    def _priority(self, r: Request) -> int:
+        return self.tenancy.tenants[r.model].priority
+
     def _round_trip(self, link_bytes_per_s: float) -> Callable[[Request], float]:
         """Seconds to copy a running request's KV out and back in over the link."""
         memory, bb = self.memory, self.kv.block_bytes
@@ -458,6 +461,7 @@ class Scheduler:
                         blks=self.kv.of,
                         can_rotate=memory.can_swap_out,
                         swap_s=self._swap_s,
+                        priority=self._priority,
                     )
                 )
             ]

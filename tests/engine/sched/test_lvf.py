@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import pytest
@@ -515,3 +516,16 @@ def test_tbt_slack_is_what_a_mean_per_token_target_leaves() -> None:
     r.t_first_token, r.num_output_tokens = 1.0, 5  # SLO TBT 0.1 s
     assert tbt_slack(r, now=1.3) == pytest.approx(0.5 - 0.3)
     assert tbt_slack(r, now=2.0) == pytest.approx(-0.5)  # behind: nothing to give
+
+
+def test_equal_lags_go_to_the_higher_tenant_priority_first() -> None:
+    """Two requests within their TTFT tolerance (VLT 0 both) and room for one: LVF takes
+    the one given first; with priorities, the higher tenant's."""
+    book = Book()
+    book.add("low", W, 2, t_arr=0.0)
+    book.add("high", W, 2, t_arr=0.5)
+    plain = book.state(now=1.0, free=2, xfer=0)
+    assert ids(LvfPolicy().schedule(plain).admit) == ["low"]
+    ranked = dataclasses.replace(plain, priority=lambda r: 1 if r.id == "high" else 0)
+    assert ids(LvfPolicy().schedule(ranked).admit) == ["high"]
+    assert ids(LvfPlusPolicy().schedule(ranked).admit) == ["high"]
