@@ -170,10 +170,9 @@ class EngineCore:
         request's expense."""
         if self.scheduler.requests or self.memory.num_pending_steps:
             return False
-        return self._remap_settled or not any(self._lent_layers())
-
-    def _lent_layers(self) -> list[int]:
-        return [] if self.remapper is None else list(self.remapper.alpha().values())
+        if self._remap_settled or self.remapper is None:
+            return True
+        return not any(self.remapper.alpha().values())
 
     def check_integrity(self) -> None:
         self.memory.check_integrity(self.scheduler.requests.values())

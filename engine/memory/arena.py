@@ -87,10 +87,6 @@ class Arena:
         """Pages per owner: the memory map in numbers."""
         return Counter(self._owners)
 
-    def is_free_run(self, start: int, num_pages: int) -> bool:
-        end = start + num_pages
-        return end <= self.num_pages and all(o is FREE for o in self._owners[start:end])
-
     def convert(self, pages: Iterable[int], expect: PageOwner, new: PageOwner) -> None:
         """Give ``pages`` to ``new``; every page must belong to ``expect`` now.
 

@@ -113,8 +113,7 @@ class SimRun:
     and restored layers); ``weight_stall_s`` is time waiting for layers not copied in
     time (``num_weight_stalls`` layers); ``num_switches`` counts temporal model switches.
     ``peak_xfer_budget_blocks`` is the largest B_xfer of any step (the fixed one unless
-    it came from the link). ``num_passive_preemptions`` counts the preemptions no policy
-    chose (a decode found no free block), a part of ``rotations``.
+    it came from the link).
     """
 
     records: list[RequestRecord]
@@ -134,7 +133,6 @@ class SimRun:
     num_weight_stalls: int = 0
     num_switches: int = 0
     peak_xfer_budget_blocks: int = 0
-    num_passive_preemptions: int = 0
 
 
 # The longest a run may go without emitting a token while requests are live. No wait
@@ -326,5 +324,4 @@ def simulate(config: SimConfig, workload: Sequence[WorkloadRequest]) -> SimRun:
         num_weight_stalls=executor.totals.num_weight_stalls,
         num_switches=core.scheduler.tenancy.num_switches,
         peak_xfer_budget_blocks=peak_budget,
-        num_passive_preemptions=core.scheduler.num_passive_preemptions,
     )
