@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 from shunter.engine.config import EngineConfig, ModelSpec, TenantSpec
 from shunter.engine.interfaces import Clock, Executor, Transfers
-from shunter.engine.memory.manager import KVMemory
+from shunter.engine.liveness import ProgressWatch
+from shunter.engine.memory.kv_memory import KVMemory
 from shunter.engine.plan import BlockCopies, StepPlan, StepResult
 from shunter.engine.remap.remapper import Remapper
 from shunter.engine.remap.timing import LayerTiming
@@ -82,7 +83,9 @@ class EngineCore:
     ``step()``: poll completed transfers (frees fenced blocks, lands host copies),
     schedule (policy, memory verbs, batch), submit the plan's copies, execute the
     batch, then emit tokens, update TTFT/TBT timestamps and finish requests.
-    With ``config.check_integrity`` the memory integrity check runs after every step.
+    With ``config.check_integrity`` (debug mode) the memory integrity check and the
+    liveness invariant (``liveness``: live requests emit a token within a bounded time)
+    run after every step.
 
     With ``config.remap.enabled`` the models' weights are lent to the KV cache under
     pressure (Oneiros); ``timings`` then gives each model's T_T and prior forward
@@ -115,6 +118,7 @@ class EngineCore:
         # False from the step that finished the last live request until a step changes
         # no remapping: the engine steps on (idle) while lent layers come back.
         self._remap_settled = True
+        self.progress = ProgressWatch(limit_steps=None) if config.check_integrity else None
 
     def change_models(
         self,
@@ -150,6 +154,8 @@ class EngineCore:
 
     def add_request(self, request: Request) -> None:
         """Queue a WAITING request; ``request.t_arr`` is its arrival on this clock."""
+        if self.progress is not None and not self.scheduler.requests:
+            self.progress.rest(self.clock.now())
         self.scheduler.add_request(request)
 
     def abort(self, request_id: str) -> Request | None:
@@ -199,6 +205,10 @@ class EngineCore:
             )
         if self.config.check_integrity:
             self.check_integrity()
+        if self.progress is not None:
+            self.progress.observe(
+                now=t_end, step=plan.step, num_emitted=len(result.emitted), num_live=self.num_live
+            )
         return self._stats(plan, result, t_start, t_end, schedule_s, finished)
 
     def _stats(

@@ -38,7 +38,7 @@ from shunter.engine.exec.torch_executor import ServedModel, TorchExecutor
 from shunter.engine.exec.transfers import host_swap_space, make_transfers
 from shunter.engine.interfaces import MonotonicClock
 from shunter.engine.memory.arena import PageOwner
-from shunter.engine.memory.manager import KVMemory
+from shunter.engine.memory.kv_memory import KVMemory
 from shunter.engine.remap.timing import LayerTiming
 from shunter.engine.request import Request
 

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from shunter.engine.config import EngineConfig, ModelSpec, RemapConfig, RotationConfig
 from shunter.engine.exec.generate_input import GenerateError
-from shunter.engine.memory.manager import KVMemory
+from shunter.engine.memory.kv_memory import KVMemory
 from shunter.engine.memory.weights import pages_for
 
 BLOCK_TOKENS = 16

@@ -16,7 +16,8 @@ Every step it weighs the KV the executing models need against the KV free for th
   inactive one is at its cap.
 - **How many**: up to the cap, the configured share of layers and the most whose
   copies T_T the model's compute hides (``layers.max_alpha``): a decode step for an
-  active model, a prefill for an inactive one. Never the whole model. A model above
+  active model or a paused one in mid-decode, a prefill for an inactive one with only
+  new requests. Never the whole model. A model above
   its cap (it became active, or its batch shrank) gives the excess back as far as
   memory allows, paid from the same sources as a deficit.
 
@@ -41,6 +42,8 @@ class ModelState:
     ``frame_bytes`` is the memory one remapped layer gives the KV cache; ``alpha`` the
     layers remapped now; ``t_last_active`` when it last executed (for MRU order);
     ``t_transfer``, ``t_decode`` and ``t_prefill`` as in ``timing.LayerTiming``.
+    ``decoding``: it holds requests in mid-decode (running, or rotated out after their
+    prefill), so its next step when it runs again is a decode.
     """
 
     name: str
@@ -53,11 +56,15 @@ class ModelState:
     t_transfer: float
     t_decode: float
     t_prefill: float
+    decoding: bool = False
 
     @property
     def t_compute(self) -> float:
-        """The compute that must hide the model's layer copies in its current role."""
-        return self.t_decode if self.active else self.t_prefill
+        """The compute that must hide the model's layer copies when it next runs: a
+        decode step for an active model and for a paused one in mid-decode (it resumes
+        decoding, and its cap must not outgrow what a decode hides), a prefill for an
+        inactive one with only new requests."""
+        return self.t_decode if self.active or self.decoding else self.t_prefill
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 
 from shunter.engine.config import EngineConfig, ModelSpec
-from shunter.engine.memory.manager import KVMemory
+from shunter.engine.memory.kv_memory import KVMemory
 from shunter.engine.plan import SlotStream, StepPlan, StepResult
 from shunter.engine.remap.controller import ModelState, Pressure, RemapController
 from shunter.engine.remap.frames import WeightMap, transition
@@ -92,12 +92,14 @@ class Remapper:
         pressure: Pressure,
         *,
         active: Collection[str],
+        decoding: Collection[str] = (),
         t_last_active: Mapping[str, float],
         run_next: Sequence[str],
         idle: bool = False,
     ) -> None:
         """Decide and carry out this step's remapping (between the memory's
-        ``begin_step`` and ``end_step``); ``idle``: no request is live."""
+        ``begin_step`` and ``end_step``); ``idle``: no request is live; ``decoding``:
+        the models holding requests in mid-decode (``ModelState.decoding``)."""
         states = []
         for model, wmap in self.maps.items():
             t = self.times[model]
@@ -108,6 +110,7 @@ class Remapper:
                     frame_bytes=self.memory.frame_bytes(model),
                     priority=self.priority[model],
                     active=model in active,
+                    decoding=model in decoding,
                     t_last_active=t_last_active[model],
                     alpha=wmap.alpha,
                     t_transfer=t.t_transfer,

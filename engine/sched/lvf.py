@@ -62,8 +62,9 @@ class LvfPolicy(Policy):
             return Decision(admit=by_arrival(candidates))
         return self._prioritize(state, candidates, costs)
 
-    def _victims(self, state: PolicyInput) -> Iterator[Request]:
-        """The running requests that may be preempted, first to go first."""
+    def _victims(self, state: PolicyInput, max_lag: float) -> Iterator[Request]:
+        """The running requests that may be preempted, first to go first, when the most
+        lagging candidate has VLT ``max_lag``."""
         return _tail_first(state)
 
     def _prioritize(
@@ -82,7 +83,7 @@ class LvfPolicy(Policy):
             ranks = [priority(r) for r in candidates]
             head = sorted(range(len(candidates)), key=lambda i: (lag[i], ranks[i]), reverse=True)
         xfer = state.xfer_budget
-        tail = self._victims(state)
+        tail = self._victims(state, lag[head[0]] if head else 0.0)
         victims: list[Request] = []  # the head of ``tail``, pulled as slots are needed
         victim_blocks = 0
         left = free + xfer
@@ -130,11 +131,14 @@ class LvfPlusPolicy(LvfPolicy):
       two copies. (Algorithm 1 frees slots for lagging requests; this does not.)
     - **Only a request that can afford the time out is rotated out.** A running request
       is preempted only if its TBT slack (``tbt_slack``: how long it may pause and still
-      meet its TBT SLO, a mean time per output token) covers its KV's round trip over
-      the link (``swap_s``) and one more token gap. A request just rotated in, or one
-      behind its SLO, has no such slack and keeps running: rotation never pushes a
-      request past its TBT target, and the same requests do not cycle through the link
-      every step.
+      meet its TBT SLO, a mean time per output token) covers its time out: its KV's
+      round trip over the link (``swap_s``), the wait on the host until LVF takes it
+      back (``time_out``: until its VLT overtakes the most lagging candidate's) and one
+      more token gap. A request just rotated in, or one behind its SLO, has no such
+      slack and keeps running: rotation never pushes a request past its TBT target, and
+      the same requests do not cycle through the link every step. The wait is counted
+      against the most lagging candidate now, admitted this step or not, so it errs
+      long: toward keeping a request running.
 
     Everything else is Algorithm 1 as ``lvf`` runs it.
     """
@@ -148,12 +152,26 @@ class LvfPlusPolicy(LvfPolicy):
             return Decision(admit=by_arrival(candidates)[: state.num_free_slots])
         return self._prioritize(state, candidates, costs)
 
-    def _victims(self, state: PolicyInput) -> Iterator[Request]:
+    def _victims(self, state: PolicyInput, max_lag: float) -> Iterator[Request]:
         swap_s, now = state.swap_s, state.now
         for r in _tail_first(state):
-            away = r.slo.tbt_s + (0.0 if swap_s is None else swap_s(r))
+            away = time_out(r, max_lag) + r.slo.tbt_s + (0.0 if swap_s is None else swap_s(r))
             if tbt_slack(r, now) >= away:
                 yield r
+
+
+def time_out(r: Request, max_lag: float) -> float:
+    """Seconds a request rotated out now waits on the host before LVF brings it back,
+    when the most lagging candidate lags ``max_lag``: its VLT starts at 0 and grows
+    ``alpha`` per second once ``beta_B x S_B`` has passed, the candidate's grows one per
+    second, and the larger VLT goes first, so it returns when alpha (t - beta_B S_B) =
+    max_lag + t. With alpha <= 1 it never overtakes a lagging candidate: infinite."""
+    slo = r.slo
+    if max_lag <= 0.0:
+        return 0.0
+    if slo.alpha <= 1.0:
+        return float("inf")
+    return (max_lag + slo.alpha * slo.beta_b * slo.tbt_s) / (slo.alpha - 1.0)
 
 
 def tbt_slack(r: Request, now: float) -> float:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from shunter.engine.sched.fcfs import FcfsPolicy
+from shunter.engine.sched.fixed_order import SwappedFirstPolicy, WaitingFirstPolicy
 from shunter.engine.sched.lvf import LvfPlusPolicy, LvfPolicy
 from shunter.engine.sched.policy import Policy
-from shunter.engine.sched.static import SwappedFirstPolicy, WaitingFirstPolicy
 
 POLICY_CLASSES: dict[str, type[Policy]] = {
     cls.name: cls

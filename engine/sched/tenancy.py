@@ -4,7 +4,7 @@ Each model is a tenant (``config.TenantSpec``) with a sharing mode and a priorit
 
 - **spatial** models execute in every step in which they have work;
 - **temporal** models take turns, one holding the turn. The turn passes when the holder
-  has no work, or once it has held the turn for the minimum quantum, to the temporal
+  has no work, or once it has held the turn for the quantum, to the temporal
   model of highest priority with work, and among equals the one whose most-lagging
   request has the largest VLT (the holder keeps it on a tie, so a switch is never paid
   for nothing). A holder with no work gives the turn up at once, even when no other
@@ -18,13 +18,18 @@ Each model is a tenant (``config.TenantSpec``) with a sharing mode and a priorit
 
 A temporal model without the turn is *inactive*: its layers are remapped first and its
 requests' KV rotates out first. Spatial models and the turn holder are *active*.
+
+The quantum follows the measured cost of a switch (``turn_length``): at least four times
+it, at most what the temporal tenants' tightest TTFT target leaves, never under the
+configured minimum.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from shunter.engine.config import TenantSpec
+from shunter.engine.sched.turn_length import TurnLength
 
 Lag = Callable[[str], float]
 """The VLT of a model's most lagging request (asked only of models with work)."""
@@ -40,9 +45,7 @@ class Tenancy:
 
     def __init__(self, tenants: Sequence[TenantSpec], *, min_quantum_s: float) -> None:
         names = _names(tenants)
-        if min_quantum_s < 0:
-            raise ValueError("min_quantum_s must be >= 0")
-        self.min_quantum_s = min_quantum_s
+        self.turn_length = TurnLength(min_quantum_s)
         self.holder: str | None = None
         self.t_turn = 0.0
         self.num_switches = 0
@@ -87,6 +90,26 @@ class Tenancy:
         self.tenants = {t.model: t for t in tenants}
         self.temporal = [t.model for t in tenants if t.sharing == "temporal"]
         self.spatial = [t.model for t in tenants if t.sharing == "spatial"]
+        ttfts = [t.slo.ttft_s for t in tenants if t.sharing == "temporal" and t.slo is not None]
+        # A request arriving as its model loses the turn waits out every other turn.
+        self.turn_length.max_quantum_s = min(ttfts) / len(self.temporal) if ttfts else None
+
+    @property
+    def quantum_s(self) -> float:
+        """The least time a holder with work keeps the turn now."""
+        return self.turn_length.quantum_s
+
+    def observe(
+        self, executed: Collection[str], *, now: float, duration_s: float, compute_s: float | None
+    ) -> None:
+        """A step in which ``executed`` models ran ended at ``now``: what it says about
+        the cost of the last switch (``TurnLength.observe``)."""
+        self.turn_length.observe(
+            holder_ran=self.holder is not None and self.holder in executed,
+            now=now,
+            duration_s=duration_s,
+            compute_s=compute_s,
+        )
 
     def is_active(self, model: str) -> bool:
         return model == self.holder or self.tenants[model].sharing == "spatial"
@@ -108,7 +131,7 @@ class Tenancy:
         holding = holder is not None and has_work(holder)
         if holder is not None and not holding:
             self.holder = None  # idle: inactive from now on, whoever takes the turn next
-        if holding and now - self.t_turn < self.min_quantum_s:
+        if holding and now - self.t_turn < self.turn_length.quantum_s:
             return
         ready = [m for m in self.temporal if m != holder and has_work(m)]
         if not ready:
@@ -144,7 +167,9 @@ class Tenancy:
     def _give(self, model: str, now: float) -> None:
         # A switch is counted when the turn moves to another model than the last to
         # hold it (one that went idle and takes it back pays no switch).
-        self.num_switches += self._last_holder is not None and self._last_holder != model
+        if self._last_holder is not None and self._last_holder != model:
+            self.num_switches += 1
+            self.turn_length.switched(now)
         self.holder, self.t_turn = model, now
         self._last_holder = model
 

@@ -36,7 +36,7 @@ from aiohttp import web
 
 from shunter.engine.exec.generate_input import GenerateError
 from shunter.engine.exec.serving import model_specs
-from shunter.engine.memory.manager import NoRoom
+from shunter.engine.memory.kv_memory import NoRoom
 from shunter.engine.server.context import STATE, ServerState
 from shunter.engine.server.errors import ApiError, bad_request
 from shunter.engine.server.models import load_served_model

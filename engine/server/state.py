@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from shunter.engine.exec.serving import TorchEngine, remapped_layers
 from shunter.engine.memory.arena import OwnerKind, PageOwner
-from shunter.engine.memory.manager import KVMemory
+from shunter.engine.memory.kv_memory import KVMemory
 
 if TYPE_CHECKING:
     from shunter.engine.server.loop import EngineLoop

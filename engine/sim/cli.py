@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import Any
 
-from shunter.engine.config import CAPACITY_SOURCES, SchedulerConfig
+from shunter.engine.config import CAPACITY_SOURCES, POLICIES, SchedulerConfig
 
 DEFAULTS = SchedulerConfig()
 
@@ -49,7 +49,7 @@ def add_simulate_parser(sub: argparse._SubParsersAction[Any]) -> None:
         "--policy",
         type=_names,
         default=["lvf", "fcfs", "wf", "sf"],
-        help="comma list of policies (lvf, fcfs, wf, sf) and baselines (vllm: vLLM 0.6.6's "
+        help=f"comma list of policies ({', '.join(POLICIES)}) and baselines (vllm: vLLM 0.6.6's "
         "V1 engine, recompute preemption; superinfer: LVF with SuperInfer's settings)",
     )
     p.add_argument(

@@ -17,6 +17,7 @@ from shunter.engine.config import (
     TenantSpec,
 )
 from shunter.engine.core import EngineCore
+from shunter.engine.liveness import NoProgress, ProgressWatch
 from shunter.engine.remap.timing import LayerTiming
 from shunter.engine.request import Request
 from shunter.engine.sim.clock import VirtualClock
@@ -135,23 +136,9 @@ class SimRun:
     peak_xfer_budget_blocks: int = 0
 
 
-# The longest a run may go without emitting a token while requests are live. No wait
-# the simulator models comes near it: B_xfer bounds the copies planned per step (2,400
-# blocks of 4 MiB, ~10 GB, cross a ~100 GB/s link in ~0.1 s), a temporal switch costs
-# ``SWITCH_S``, every copy in flight lands within seconds, and the longest prompt
-# (a model's context, chunked) is prefilled within seconds. Past it the run is
-# livelocked (steps that move state or recompute, but no request advances), whatever
-# completions remain.
-STALL_LIMIT_S = 60.0
-# The same in steps, for livelocks that stop the clock (steps that compute nothing and
-# move only the temporal turn advance no time): far more than any no-token stretch
-# (a context-long prompt prefilled at the step budget's least chunk takes a few hundred).
-STALL_LIMIT_STEPS = 10_000
-
-
-class StuckError(RuntimeError):
+class StuckError(NoProgress):
     """The engine has live requests but makes no progress: nothing will change, or no
-    token has been emitted for ``STALL_LIMIT_S`` simulated seconds."""
+    token has been emitted within the liveness invariant's limits (``liveness``)."""
 
 
 def rotation_rate(copies: CopyCostModel, block_bytes: int) -> float:
@@ -233,8 +220,9 @@ def simulate(config: SimConfig, workload: Sequence[WorkloadRequest]) -> SimRun:
     peak_budget = config.scheduler.xfer_budget_blocks
     remapped: list[tuple[float, dict[str, int]]] = []
     turn: str | None = None
-    # When (and after which step) a token was last emitted, or the engine was last idle.
-    last_emitted, last_emitted_step = 0.0, 0
+    # The liveness invariant, in simulated seconds and in steps (a livelock may stop the
+    # virtual clock); StuckError when it fails.
+    progress = ProgressWatch()
     while True:
         now = clock.now()
         while next_arrival < len(requests) and requests[next_arrival].t_arr <= now:
@@ -248,7 +236,7 @@ def simulate(config: SimConfig, workload: Sequence[WorkloadRequest]) -> SimRun:
             if next_arrival == len(requests):
                 break
             clock.advance_to(requests[next_arrival].t_arr)
-            last_emitted, last_emitted_step = clock.now(), num_steps
+            progress.rest(clock.now())
             continue
         weights_before = executor.totals.weight_bytes
         stats = core.step()
@@ -275,17 +263,15 @@ def simulate(config: SimConfig, workload: Sequence[WorkloadRequest]) -> SimRun:
         if remapping:
             remapped.append((stats.t_end, stats.remapped_layers))
         turned, turn = stats.turn != turn, stats.turn
-        if stats.num_emitted:
-            last_emitted, last_emitted_step = stats.t_end, num_steps
-        elif (
-            stats.t_end - last_emitted > STALL_LIMIT_S
-            or num_steps - last_emitted_step > STALL_LIMIT_STEPS
-        ):
-            raise StuckError(
-                f"step {stats.step}: {core.num_live} live requests and no token since "
-                f"t = {last_emitted:.3f} s, {num_steps - last_emitted_step} steps ago "
-                f"(now {stats.t_end:.3f} s)"
+        try:
+            progress.observe(
+                now=stats.t_end,
+                step=stats.step,
+                num_emitted=stats.num_emitted,
+                num_live=core.num_live,
             )
+        except NoProgress as e:
+            raise StuckError(str(e)) from None
         if stats.num_batch_tokens == 0:
             # Nothing computed, so time moves only to the next event: an arrival or a
             # copy completing. Without one, only a plan that changed state may go on.

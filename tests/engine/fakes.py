@@ -20,7 +20,7 @@ from shunter.engine.config import (
 )
 from shunter.engine.core import EngineCore
 from shunter.engine.interfaces import Clock, Executor, Transfers
-from shunter.engine.memory.manager import KVMemory
+from shunter.engine.memory.kv_memory import KVMemory
 from shunter.engine.plan import StepPlan, StepResult
 from shunter.engine.request import Request
 

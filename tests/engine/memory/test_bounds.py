@@ -6,7 +6,7 @@ import dataclasses
 
 from shunter.engine.config import TenantSpec
 from shunter.engine.memory.bounds import KvBounds
-from shunter.engine.memory.manager import KVMemory
+from shunter.engine.memory.kv_memory import KVMemory
 from tests.engine.fakes import TINY, request, tiny_config
 
 OTHER = dataclasses.replace(TINY, name="other")

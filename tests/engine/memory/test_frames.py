@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from shunter.engine.memory.arena import FREE, PageOwner
-from shunter.engine.memory.manager import KVMemory
+from shunter.engine.memory.kv_memory import KVMemory
 from shunter.engine.plan import StepPlan
 from shunter.engine.request import Request, RequestState
 from tests.engine.fakes import TINY, request, tiny_config

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from shunter.engine.config import RemapConfig
-from shunter.engine.memory.manager import KVMemory
+from shunter.engine.memory.kv_memory import KVMemory
 from shunter.engine.plan import StepPlan
 from shunter.engine.remap.controller import Pressure
 from shunter.engine.remap.remapper import Remapper

@@ -8,7 +8,13 @@ from dataclasses import dataclass, field
 import pytest
 
 from shunter.engine.request import RequestState
-from shunter.engine.sched.lvf import LvfPlusPolicy, LvfPolicy, num_slots_freed, tbt_slack
+from shunter.engine.sched.lvf import (
+    LvfPlusPolicy,
+    LvfPolicy,
+    num_slots_freed,
+    tbt_slack,
+    time_out,
+)
 from tests.engine.sched.helpers import Book, ids
 
 W, R, S = RequestState.WAITING, RequestState.RUNNING, RequestState.ROTARY
@@ -488,15 +494,18 @@ def test_lvf_plus_does_not_rotate_for_running_slots_alone() -> None:
     [
         (2, False),  # 2 x 0.1 - 0.2 = 0 s of slack
         (7, False),  # 0.5 s: less than the 0.5 s round trip and a 0.1 s token gap
-        (10, True),  # 0.8 s covers both
+        (10, False),  # 0.8 s covers both, not the 0.3 s on the host besides
+        (11, True),  # 0.9 s covers all three
     ],
 )
 def test_lvf_plus_rotates_out_only_requests_whose_tbt_slack_covers_the_time_out(
     tokens: int, rotated: bool
 ) -> None:
     """Fig. 9's second rotation: C and D have run 0.2 s when A and B lag. LVF swaps
-    them at once; lvf+ only if their TBT slack covers the round trip of their KV over
-    the link (0.5 s here) and one token gap (TBT 0.1 s)."""
+    them at once; lvf+ only if their TBT slack covers their time out: the round trip of
+    their KV over the link (0.5 s here), the wait on the host until their VLT overtakes
+    the most lagging candidate's (A's 0.6 s, growing one a second, against 3 a second
+    from 0: 0.3 s) and one token gap (TBT 0.1 s)."""
     book = Book()
     book.add("A", S, t_arr=0.0, t_last=1.0)
     book.add("B", S, t_arr=0.0, t_last=1.0)
@@ -507,6 +516,16 @@ def test_lvf_plus_rotates_out_only_requests_whose_tbt_slack_covers_the_time_out(
     assert sorted(ids(LvfPolicy().schedule(state).preempt)) == ["C", "D"]
     expected = ["C", "D"] if rotated else []
     assert sorted(ids(LvfPlusPolicy().schedule(state).preempt)) == expected
+
+
+def test_the_time_out_is_until_the_rotated_request_lags_most() -> None:
+    r = Book().add("r", R, t_run=0.0)  # alpha 3, beta_B 0, TBT 0.1 s
+    assert time_out(r, 0.0) == 0.0  # nobody lags: it comes back when memory frees
+    assert time_out(r, 1.0) == pytest.approx(0.5)  # 3 t = 1 + t
+    r.slo = dataclasses.replace(r.slo, alpha=1.0)
+    assert time_out(r, 1.0) == float("inf")  # never overtakes
+    r.slo = dataclasses.replace(r.slo, alpha=3.0, beta_b=2.0)  # 0.2 s before it lags
+    assert time_out(r, 1.0) == pytest.approx(0.8)
 
 
 def test_tbt_slack_is_what_a_mean_per_token_target_leaves() -> None:

@@ -7,8 +7,8 @@ import pytest
 from shunter.engine.config import POLICIES, SchedulerConfig
 from shunter.engine.request import RequestState
 from shunter.engine.sched.fcfs import FcfsPolicy
+from shunter.engine.sched.fixed_order import SwappedFirstPolicy, WaitingFirstPolicy
 from shunter.engine.sched.policies import POLICY_CLASSES, make_policy
-from shunter.engine.sched.static import SwappedFirstPolicy, WaitingFirstPolicy
 from tests.engine.sched.helpers import Book, ids
 
 W, R, S = RequestState.WAITING, RequestState.RUNNING, RequestState.ROTARY

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from shunter.engine.config import TenantSpec
+from shunter.engine.config import SloSpec, TenantSpec
 from shunter.engine.sched.tenancy import Tenancy
 
 
@@ -169,3 +169,22 @@ def test_set_tenants_wants_every_model_once() -> None:
     with pytest.raises(ValueError, match="wanted"):
         t.set_tenants([TenantSpec(m) for m in ("s", "t1", "t2", "t3", "x")])
     assert t.temporal == ["t1", "t2", "t3"]  # unchanged
+
+
+def test_the_quantum_grows_with_the_switch_cost_up_to_what_ttft_allows() -> None:
+    slo = SloSpec("interactive", ttft_s=4.0, tbt_s=0.1)
+    t = Tenancy(
+        [TenantSpec("a", sharing="temporal", slo=slo), TenantSpec("b", sharing="temporal")],
+        min_quantum_s=0.5,
+    )
+    assert t.quantum_s == 0.5 and t.turn_length.max_quantum_s == 2.0  # 4 s over 2 models
+    assert step(t, 0.0, {"a": 0.0}) == ["a"]
+    assert step(t, 0.5, {"a": 0.0, "b": 1.0}) == ["b"]  # a switch at 0.5
+    # b's first step starts 0.2 s after the switch and waits 0.2 s for its layers.
+    t.observe(["b"], now=1.1, duration_s=0.4, compute_s=0.2)
+    t.observe(["b"], now=1.2, duration_s=0.1, compute_s=0.1)
+    assert t.turn_length.t_switch_cost == pytest.approx(0.4)
+    assert t.quantum_s == pytest.approx(1.6)
+    # b keeps the turn for 1.6 s now, not the configured 0.5.
+    assert step(t, 1.5, {"a": 5.0, "b": 0.0}) == ["b"]
+    assert step(t, 2.2, {"a": 5.0, "b": 0.0}) == ["a"]

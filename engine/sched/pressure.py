@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from operator import attrgetter
 
 from shunter.engine.config import SchedulerConfig
-from shunter.engine.memory.manager import KVMemory
+from shunter.engine.memory.kv_memory import KVMemory
 from shunter.engine.remap.controller import Pressure
 from shunter.engine.request import Request, vlts
 from shunter.engine.sched.lvf import num_slots_freed

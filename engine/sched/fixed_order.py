@@ -1,4 +1,5 @@
-"""The static offloading policies of SuperInfer §3.1: waiting-first and swapped-first."""
+"""The static offloading policies of SuperInfer §3.1, each a fixed order of waiting and
+swapped (rotary) requests: waiting-first and swapped-first."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import pytest
 
 from shunter.engine.config import ModelSpec, RotationConfig
 from shunter.engine.memory.arena import FREE, OwnerKind
-from shunter.engine.memory.manager import KVMemory, NoRoom
+from shunter.engine.memory.kv_memory import KVMemory, NoRoom
 from shunter.engine.plan import StepPlan
 from shunter.engine.request import Request, RequestState
 from tests.engine.fakes import TINY, request, tiny_config

@@ -1,0 +1,109 @@
+"""Decode first: a block for every decoding request's next token, before any decision.
+
+Decodes are served before the policy decides and before any prefill, under every
+policy alike. Out of blocks, a decode waits for blocks already on their way, or else
+the latest arrival of its model is preempted (vLLM's passive preemption).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from shunter.engine.memory.kv_memory import KVMemory
+from shunter.engine.plan import StepPlan
+from shunter.engine.request import Request, RequestState
+from shunter.engine.sched.preemption import preempt
+from shunter.engine.sched.pressure import KvBytes
+from shunter.engine.sched.queues import RequestQueues
+
+RUNNING = RequestState.RUNNING
+
+
+class Decodes:
+    """Reserves the blocks of a step's decodes (``batch.add_decodes`` batches them).
+
+    ``num_passive_preemptions`` counts the preemptions decodes forced; every other
+    preemption is the policy's choice. ``swap``: preempted requests rotate out when
+    they can (``preemption = "swap"``), else recompute.
+    """
+
+    def __init__(
+        self,
+        memory: KVMemory,
+        queues: Mapping[str, RequestQueues],
+        kv: KvBytes,
+        *,
+        swap: bool,
+    ) -> None:
+        self.memory = memory
+        self.queues = queues
+        self.kv = kv
+        self.swap = swap
+        self.num_passive_preemptions = 0
+
+    def reserve(
+        self,
+        executing: Iterable[str],
+        plan: StepPlan,
+        sitting_out: set[str],
+        short: dict[str, int],
+    ) -> tuple[list[Request], list[Request]]:
+        """Blocks for the next token of each decoding request of the ``executing``
+        models, model by model, oldest request first.
+
+        Returns the decoding requests that got a block and the running requests still
+        in prefill, in running order, leaving out those whose swap-in copies are in
+        flight (``sitting_out``). Out of blocks, a request waits for blocks already on
+        their way (released by a preemption whose copies are in flight); if none are,
+        the latest arrival is preempted, possibly the request itself, and its model is
+        ``short`` of the victim's KV bytes (added to what ``short`` holds).
+        """
+        decodes: list[Request] = []
+        prefills: list[Request] = []
+        for model in executing:
+            self._reserve(model, plan, sitting_out, short, decodes, prefills)
+        return decodes, prefills
+
+    def _reserve(
+        self,
+        model: str,
+        plan: StepPlan,
+        sitting_out: set[str],
+        short: dict[str, int],
+        decodes: list[Request],
+        prefills: list[Request],
+    ) -> None:
+        q = self.queues[model]
+        memory = self.memory
+        decoding: list[Request] = []
+        for r in q.running.values():
+            if r.id in sitting_out:
+                continue
+            # ``r.is_prefill`` inlined: this loop visits every running request each step.
+            pending = r.prompt_tokens + r.num_output_tokens - r.num_computed_tokens
+            if r.num_output_tokens == 0 or pending > 1:
+                prefills.append(r)
+            else:
+                decoding.append(r)
+        incoming = memory.num_incoming_blocks(model)
+        # Most decodes write into a block they hold: no memory verb to call for them.
+        for r, need in zip(decoding, memory.num_append_blocks(decoding, 1), strict=True):
+            if r.state is not RUNNING:  # preempted below for an earlier one
+                continue
+            if need <= 0:
+                decodes.append(r)
+                continue
+            while not memory.can_append(r, 1):
+                if incoming > 0:
+                    incoming -= 1
+                    break
+                victim = max(q.running.values(), key=lambda v: v.t_arr)
+                short[model] = short.get(model, 0) + self.kv.of((victim,))[0]
+                preempt(victim, plan, memory, q, swap=self.swap)
+                self.num_passive_preemptions += 1
+                incoming = memory.num_incoming_blocks(model)
+                if victim is r:
+                    break
+            else:
+                memory.append(r, 1)
+                decodes.append(r)

@@ -1,0 +1,68 @@
+"""What the turns ask of the queues, and how a step ends the holder's turn.
+
+The turn rules live in ``tenancy``; this is the Scheduler's side of them: which models
+have work, how far each lags (``Lag``), and after a step's admissions, whether the turn
+holder got anything done with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from shunter.engine.plan import StepPlan
+from shunter.engine.request import vlts
+from shunter.engine.sched.queues import RequestQueues
+from shunter.engine.sched.tenancy import Lag, Tenancy
+
+
+class Turns:
+    """Turn inputs over the per-model ``queues`` for ``tenancy``."""
+
+    def __init__(self, queues: Mapping[str, RequestQueues], tenancy: Tenancy) -> None:
+        self.queues = queues
+        self.tenancy = tenancy
+
+    def has_work(self, model: str) -> bool:
+        return len(self.queues[model]) > 0
+
+    def lag(self, now: float) -> Lag:
+        """The VLT of a model's most lagging request, its running requests lagging as
+        rotary ones while the model does not execute. Each answer is kept (the turn
+        decision and the run-next order ask again): use it while the queues stay as
+        they are."""
+        known: dict[tuple[str, bool], float] = {}
+
+        def lag(model: str) -> float:
+            paused = not self.tenancy.is_active(model)
+            value = known.get((model, paused))
+            if value is None:
+                q = self.queues[model]
+                groups = (q.waiting, q.rotary, q.landing, q.running)
+                vs = (v for g in groups if g for v in vlts(g.values(), now, paused=paused))
+                value = known[model, paused] = max(vs)
+            return value
+
+        return lag
+
+    def end_step(
+        self, executing: list[str], plan: StepPlan, sitting_out: set[str], now: float
+    ) -> None:
+        """After a step's admissions: a turn holder that executed and progressed has
+        changed memory; one that could do nothing passes the turn on now."""
+        holder = self.tenancy.holder
+        if holder in executing:
+            if self._progressed(holder, plan, sitting_out):
+                self.tenancy.memory_changed()
+            else:
+                self.tenancy.pass_turn(now, self.has_work, self.lag(now))  # queues changed
+
+    def _progressed(self, model: str, plan: StepPlan, sitting_out: set[str]) -> bool:
+        """Whether ``model`` computes, brings a request in, or waits for copies of its
+        own this step."""
+        q = self.queues[model]
+        return (
+            bool(q.landing)
+            or any(e.model == model for e in plan.batch)
+            or any(rid in q.running for rid in plan.swapped_in)
+            or any(rid in q.running for rid in sitting_out)
+        )
