@@ -142,15 +142,37 @@ def cmd_bench_check(ns: argparse.Namespace) -> int:
 def _add_bench_isolation_parser(benches: argparse._SubParsersAction[Any]) -> None:
     p = benches.add_parser(
         "isolation",
-        help="CPU: a quiet tenant's TTFT alone, beside 2,047-token prompts, beside max fan-out",
-        description="One engine serves two tiny-llama models; a quiet tenant streams short "
-        "requests at a fixed rate alone, then while another tenant sends 2,047-token "
-        "prompts, then while it sends the largest fan-out the engine admits; prints the "
-        "quiet tenant's TTFT P50/P99 and P99 against alone (target <= 1.5x), and the "
-        "status of a 3,000 x n=8 request. Host wall time on this machine.",
+        help="CPU: a quiet tenant's TTFT alone, beside 2,047-token prompts, beside max fan-out; "
+        "with --on: a victim tenant beside an aggressor per variant, simulated or on an engine",
+        description="Without --on: one engine serves two tiny-llama models; a quiet tenant "
+        "streams short requests at a fixed rate alone, then while another tenant sends "
+        "2,047-token prompts, then while it sends the largest fan-out the engine admits; "
+        "prints the quiet tenant's TTFT P50/P99 and P99 against alone (target <= 1.5x), and "
+        "the status of a 3,000 x n=8 request. Host wall time on this machine. "
+        "With --on: a victim tenant (interactive SLO class) alone and beside an aggressor "
+        "(batch class, 10x the victim's rate, long prompts) for each variant (vllm, lvf, "
+        "lvf+, oneiros, combined, combined+): the victim's P99 TTFT and TBT beside against "
+        "alone (target <= 1.5x) and its joint attainment beside (target >= 95%); 'sim' on "
+        "the paper's scenarios (SIMULATED, spatial sharing), 'engine' on a real engine on "
+        "this machine's CPU, 'both' one then the other.",
     )
-    p.add_argument("--rate", type=float, default=10.0, help="quiet requests/s (default 10)")
-    p.add_argument("--requests", type=int, default=60, help="quiet requests a phase (default 60)")
+    p.add_argument(
+        "--on",
+        choices=("sim", "engine", "both"),
+        help="run the victim/aggressor comparison there (default: the quiet-tenant phases)",
+    )
+    p.add_argument(
+        "--rate",
+        type=float,
+        help="quiet or victim requests/s (default: 10 for the phases; on sim each "
+        "scenario's, c1 0.5 and c2 0.2; on engine 0.5)",
+    )
+    p.add_argument(
+        "--requests",
+        type=int,
+        help="quiet requests a phase (default 60), or victim requests a phase on engine "
+        "(default 20)",
+    )
     p.add_argument(
         "--fanout",
         type=lambda text: tuple(int(v) for v in text.split("x")),
@@ -161,25 +183,104 @@ def _add_bench_isolation_parser(benches: argparse._SubParsersAction[Any]) -> Non
     p.add_argument(
         "--step-target-ms",
         type=float,
-        help="the engine's step target (default: the engine's, half the tightest TBT SLO)",
+        help="the engine's step target (default: half the tightest TBT SLO; on sim none, "
+        "the simulator's fixed token budget)",
+    )
+    p.add_argument(
+        "--variants",
+        type=_names,
+        metavar="NAME,NAME",
+        help="with --on: the variants (default vllm,lvf,lvf+,oneiros,combined,combined+)",
+    )
+    p.add_argument(
+        "--scenario",
+        type=_names,
+        metavar="c1,c2",
+        help="on sim: the paper's scenarios (default c1,c2)",
+    )
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=120.0,
+        help="on sim: seconds of arrivals (default 120)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="with --on: arrivals' seed (default 0)")
+    p.add_argument(
+        "--layers",
+        type=int,
+        default=2,
+        help="on engine: decoder layers of both tiny models (default 2, the preset's; "
+        "remapping lends layers beyond two)",
     )
     add_json_argument(p)
     p.set_defaults(func=cmd_bench_isolation)
 
 
-def cmd_bench_isolation(ns: argparse.Namespace) -> int:
-    from shunter.engine.server.bench_isolation import bench_isolation
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in text.split(",") if v.strip())
 
-    return print_report(
-        bench_isolation(
-            rate=ns.rate,
-            requests=ns.requests,
-            fanout=ns.fanout,
-            threads=ns.threads,
-            step_target_ms=ns.step_target_ms,
-        ),
-        ns.json,
-    )
+
+def cmd_bench_isolation(ns: argparse.Namespace) -> int:
+    if ns.on is None:
+        from shunter.engine.server.bench_isolation import bench_isolation
+
+        return print_report(
+            bench_isolation(
+                rate=10.0 if ns.rate is None else ns.rate,
+                requests=60 if ns.requests is None else ns.requests,
+                fanout=ns.fanout,
+                threads=ns.threads,
+                step_target_ms=ns.step_target_ms,
+            ),
+            ns.json,
+        )
+    from collections.abc import Iterable
+    from itertools import chain
+
+    from shunter.engine.benchfigure import ReportItem
+    from shunter.engine.sim.isolation import VARIANTS, IsolationSpec, bench_isolation_sim
+
+    variants = ns.variants or tuple(VARIANTS)
+    unknown = [v for v in variants if v not in VARIANTS]
+    problems = []
+    if unknown:
+        problems.append(f"unknown variants {', '.join(unknown)}: choose from {', '.join(VARIANTS)}")
+    if any(v is not None and not v > 0 for v in (ns.rate, ns.step_target_ms)):
+        problems.append("--rate and --step-target-ms must be positive")
+    if ns.on != "sim" and (ns.layers < 1 or (ns.requests is not None and ns.requests < 1)):
+        problems.append("--layers and --requests must be positive")
+    reports: list[Iterable[ReportItem]] = []
+    try:
+        if problems:
+            raise ValueError("; ".join(problems))
+        if ns.on in ("sim", "both"):
+            spec = IsolationSpec(
+                scenarios=ns.scenario or IsolationSpec.scenarios,
+                variants=variants,
+                rate=ns.rate,
+                duration_s=ns.duration,
+                seed=ns.seed,
+                step_target_s=None if ns.step_target_ms is None else ns.step_target_ms / 1000,
+            )
+            reports.append(bench_isolation_sim(spec))
+        if ns.on in ("engine", "both"):
+            from shunter.engine.server.bench_isolation_variants import bench_isolation_variants
+
+            reports.append(
+                bench_isolation_variants(
+                    variants=variants,
+                    rate=0.5 if ns.rate is None else ns.rate,
+                    requests=20 if ns.requests is None else ns.requests,
+                    layers=ns.layers,
+                    threads=ns.threads,
+                    seed=ns.seed,
+                    step_target_ms=ns.step_target_ms,
+                )
+            )
+    except ValueError as e:
+        print(f"shunter bench isolation: {e}", file=sys.stderr)
+        return 2
+    return print_report(chain.from_iterable(reports), ns.json)
 
 
 def _add_model_commands(sub: argparse._SubParsersAction[Any]) -> None:

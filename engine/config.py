@@ -177,7 +177,9 @@ class SchedulerConfig:
     """Knobs of the step scheduler.
 
     ``policy`` picks who runs: ``fcfs`` (vLLM-like passive preemption), ``wf``
-    (waiting-first), ``sf`` (swapped-first) or ``lvf`` (RotaSched's Largest-VLT-First).
+    (waiting-first), ``sf`` (swapped-first), ``lvf`` (RotaSched's Largest-VLT-First,
+    Algorithm 1 as the paper has it) or ``lvf+`` (the default: LVF that rotates only
+    where memory binds and the rotated request's TBT slack covers its time out).
     ``xfer_budget_blocks`` is B_xfer, the blocks LVF may rotate per step (paper: 2400).
     ``max_batch_tokens`` is the per-step token budget shared by decodes and prefill
     chunks; ``max_running`` caps concurrently running requests (vLLM's max_num_seqs).
@@ -195,7 +197,7 @@ class SchedulerConfig:
     long as its KV's round trip over it takes. None: no such minimum.
     """
 
-    policy: str = "lvf"
+    policy: str = "lvf+"
     xfer_budget_blocks: int = 2400
     max_batch_tokens: int = 8192
     max_running: int = 256

@@ -84,8 +84,10 @@ async def _phases(
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
         quiet = _QuietTenant(session, url, quiet_tokens)
         await quiet.run(rate, 4)  # warm-up
-        long_body = _body(NOISY, random_prompts(1, LONG_PROMPT_TOKENS)[0], max_tokens=1)
-        fan_body = _body(NOISY, random_prompts(prompts, FANOUT_PROMPT_TOKENS), max_tokens=16)
+        long_body = completion_body(NOISY, random_prompts(1, LONG_PROMPT_TOKENS)[0], max_tokens=1)
+        fan_body = completion_body(
+            NOISY, random_prompts(prompts, FANOUT_PROMPT_TOKENS), max_tokens=16
+        )
         fan_body["n"] = n
         lines: list[ReportItem] = [
             f"{'phase':<32} {'TTFT p50 ms':>12} {'p99 ms':>9} {'p99 ratio':>10}"
@@ -117,7 +119,7 @@ async def _phases(
                 f"{label:<32} {quantile_ms(ttfts, 0.5):>12} {quantile_ms(ttfts, 0.99):>9} "
                 f"{ratio:>9.2f}x {verdict:<6} {len(noisy):>10} {quantile_ms(noisy, 0.5):>11}"
             )
-        huge = _body(NOISY, [[5, 6, 7, 8]] * 3000, max_tokens=16)
+        huge = completion_body(NOISY, [[5, 6, 7, 8]] * 3000, max_tokens=16)
         huge["n"] = 8
         async with session.post(url + "/v1/completions", json=huge) as r:
             body = await r.json(content_type=None)
@@ -142,7 +144,7 @@ class _QuietTenant:
         return list(await asyncio.gather(*tasks))
 
     async def _one(self, i: int) -> float:
-        body = _body(MODEL, [4 + i % 400, 5, 6, 7], max_tokens=self.max_tokens)
+        body = completion_body(MODEL, [4 + i % 400, 5, 6, 7], max_tokens=self.max_tokens)
         body["stream"] = True
         t_start = time.perf_counter()
         async with self.session.post(self.url + "/v1/completions", json=body) as r:
@@ -187,7 +189,8 @@ async def _beside(
     return ttfts
 
 
-def _body(model: str, prompt: Any, *, max_tokens: int) -> dict[str, Any]:
+def completion_body(model: str, prompt: Any, *, max_tokens: int) -> dict[str, Any]:
+    """A greedy ``/v1/completions`` body for ``model`` that ignores EOS."""
     return {
         "model": model,
         "prompt": prompt,

@@ -64,7 +64,7 @@ class EngineSettings:
     hbm_budget: int | None = None
     host_budget: int | None = None
     kv_tokens: int = DEFAULT_KV_TOKENS
-    policy: str = "lvf"
+    policy: str = "lvf+"
     remap: bool = False
     capacity_order: tuple[str, ...] = CAPACITY_SOURCES
     grace_s: float = 30.0
@@ -109,7 +109,7 @@ def settings_from_dict(
     names = [m.name for m in models]
     if len(set(names)) != len(names):
         raise SettingsError(f"model names must be unique, got {names}")
-    policy = data.get("policy", "lvf")
+    policy = data.get("policy", "lvf+")
     if policy not in POLICIES:
         raise SettingsError(f"{where}: policy must be one of {', '.join(POLICIES)}")
     remap = data.get("remap", False)

@@ -13,7 +13,7 @@ def test_derived_values() -> None:
     assert config.num_pages == 10
     assert config.model_by_name == {"tiny": TINY}
     assert config.block_bytes("tiny") == 16 * TINY.kv_bytes_per_token
-    assert config.scheduler.policy == "lvf" and config.scheduler.xfer_budget_blocks == 2400
+    assert config.scheduler.policy == "lvf+" and config.scheduler.xfer_budget_blocks == 2400
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""``shunter bench isolation`` runs its three phases end to end on a tiny workload."""
+"""``shunter bench isolation`` runs its three phases, and the victim/aggressor comparison
+on a real engine, end to end on a tiny workload."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import pytest
 
 from shunter.engine.benchfigure import split_report
 from shunter.engine.server.bench_isolation import bench_isolation
+from shunter.engine.server.bench_isolation_variants import bench_isolation_variants
+from shunter.engine.sim.isolation import HEADER
 
 
 @pytest.mark.slow
@@ -33,3 +36,23 @@ def test_bench_isolation_reports_each_phase_against_alone_and_the_refused_fanout
         ratio, verdict = row.rsplit(")", 1)[1].split()[2:4]
         assert ratio == f"{figure.value:.2f}x"
         assert verdict == ("ok" if figure.value <= 1.5 else "MISSED")
+
+
+@pytest.mark.slow
+def test_bench_isolation_variants_compares_the_victim_beside_the_aggressor_with_alone() -> None:
+    lines, figures = split_report(
+        # Seed 4: 3 victim requests within 0.09 s, beside 5 of the aggressor's.
+        bench_isolation_variants(variants=("oneiros",), rate=10.0, requests=3, seed=4)
+    )
+    assert lines[1] == HEADER
+    row = lines[2].split()
+    assert row[0] == "oneiros"
+    assert [(f.name, f.target, f.direction) for f in figures] == [
+        ("isolation.engine.oneiros.ttft_p99_ratio", 1.5, "<="),
+        ("isolation.engine.oneiros.attainment", 95.0, ">="),
+    ]
+    ratio, attainment = figures
+    assert row[3] == f"{ratio.value:.2f}x"
+    assert row[4] == ("ok" if ratio.value <= 1.5 else "MISSED")
+    assert row[9] == f"{attainment.value:.1f}%"
+    assert lines[3].startswith("preemptions over both phases: oneiros ")
