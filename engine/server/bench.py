@@ -25,6 +25,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import torch
@@ -215,20 +216,34 @@ async def stream_completions(
                 "return_token_ids": True,
             }
             t_start = time.perf_counter()
-            times: list[float] = []
-            async with session.post(url + "/v1/completions", json=body) as r:
-                if r.status != 200:
-                    raise RuntimeError(f"{url}: {r.status} {await r.text()}")
-                async for line in r.content:
-                    if line.startswith(b"data: {"):
-                        now = time.perf_counter()
-                        choice = json.loads(line[6:])["choices"][0]
-                        times += [now] * len(choice["token_ids"])
-            timings.add(t_start, times)
+            timings.add(t_start, await stream_token_times(session, url, body))
 
         for first in range(0, len(prompts), concurrency):
             await asyncio.gather(*(one(p) for p in prompts[first : first + concurrency]))
     return timings
+
+
+async def stream_token_times(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: Mapping[str, Any],
+    headers: Mapping[str, str] | None = None,
+) -> list[float]:
+    """Stream ``body`` (``stream`` and ``return_token_ids`` on) to ``url``'s
+    /v1/completions and return each token's arrival time (``time.perf_counter``), taken
+    when the SSE chunk that carries its id arrives. A status other than 200 raises
+    RuntimeError."""
+    body = {**body, "stream": True, "return_token_ids": True}
+    times: list[float] = []
+    async with session.post(url + "/v1/completions", json=body, headers=headers) as r:
+        if r.status != 200:
+            raise RuntimeError(f"{url} ({body.get('model')}): {r.status} {await r.text()}")
+        async for line in r.content:
+            if line.startswith(b"data: {"):
+                now = time.perf_counter()
+                choice = json.loads(line[6:])["choices"][0]
+                times += [now] * len(choice["token_ids"])
+    return times
 
 
 def quantile_ms(values: list[float], q: float) -> str:

@@ -19,7 +19,6 @@ and the aggressor's served rate and attainment; then the preemptions each engine
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import tempfile
 import time
@@ -33,7 +32,13 @@ import torch
 from shunter.engine.benchfigure import ReportItem
 from shunter.engine.config import SloSpec
 from shunter.engine.exec.model_init import init_model_dir, preset_config
-from shunter.engine.server.bench import MODEL, PRESET, random_prompts, start_engine
+from shunter.engine.server.bench import (
+    MODEL,
+    PRESET,
+    random_prompts,
+    start_engine,
+    stream_token_times,
+)
 from shunter.engine.server.bench_isolation import completion_body
 from shunter.engine.server.serve import STEP_TARGET_TBT_FRACTION
 from shunter.engine.sim.isolation import (
@@ -222,16 +227,7 @@ class _Client:
 
     async def _at(self, t: float, body: dict[str, Any], slo: SloSpec) -> RequestRecord:
         await asyncio.sleep(max(0.0, t - time.perf_counter()))
-        body = {**body, "stream": True, "return_token_ids": True}
         headers = {"X-Shunter-Slo": slo_header(slo), "X-Shunter-Tenant": slo.name}
         t_arrival = time.perf_counter()
-        times: list[float] = []
-        async with self.session.post(self.url + "/v1/completions", json=body, headers=headers) as r:
-            if r.status != 200:
-                raise RuntimeError(f"{body['model']} request: {r.status} {await r.text()}")
-            async for line in r.content:
-                if line.startswith(b"data: {"):
-                    now = time.perf_counter()
-                    choice = json.loads(line[6:])["choices"][0]
-                    times += [now] * len(choice["token_ids"])
+        times = await stream_token_times(self.session, self.url, body, headers)
         return RequestRecord.from_token_times(t_arrival, times)
