@@ -85,7 +85,8 @@ class EngineCore:
     batch, then emit tokens, update TTFT/TBT timestamps and finish requests.
     With ``config.check_integrity`` (debug mode) the memory integrity check and the
     liveness invariant (``liveness``: live requests emit a token within a bounded time)
-    run after every step.
+    run after every step; a driver may give its own ``progress`` watch (the simulator's
+    bounds steps too), which then runs whatever the mode.
 
     With ``config.remap.enabled`` the models' weights are lent to the KV cache under
     pressure (Oneiros); ``timings`` then gives each model's T_T and prior forward
@@ -100,6 +101,7 @@ class EngineCore:
         clock: Clock,
         *,
         timings: Mapping[str, LayerTiming] | None = None,
+        progress: ProgressWatch | None = None,
     ) -> None:
         self.config = config
         self.executor = executor
@@ -118,7 +120,9 @@ class EngineCore:
         # False from the step that finished the last live request until a step changes
         # no remapping: the engine steps on (idle) while lent layers come back.
         self._remap_settled = True
-        self.progress = ProgressWatch(limit_steps=None) if config.check_integrity else None
+        if progress is None and config.check_integrity:
+            progress = ProgressWatch(limit_steps=None)  # a wall clock: no bound in steps
+        self.progress = progress
 
     def change_models(
         self,

@@ -10,7 +10,7 @@ it: the simulator on every run, the engine after every step in debug mode
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 # No wait the engine makes near it: B_xfer bounds the copies planned per step (2,400
 # blocks of 4 MiB, ~10 GB, cross a ~100 GB/s link in ~0.1 s), a temporal turn is at
@@ -39,7 +39,7 @@ class ProgressWatch:
     limit_s: float = NO_PROGRESS_LIMIT_S
     limit_steps: int | None = NO_PROGRESS_LIMIT_STEPS
     t_progress: float = 0.0
-    num_steps_since: int = field(default=0)
+    num_steps_since: int = 0
 
     def rest(self, now: float) -> None:
         """Idle at ``now``: the clock of the invariant starts again."""

@@ -251,11 +251,13 @@ class Scheduler:
                 num_running=self.num_running,
                 rotates=self.rotates,
             )
+            active = {m for m in self.queues if self.tenancy.is_active(m)}
             self.remapper.plan(
                 plan,
                 pressure,
-                active={m for m in self.queues if self.tenancy.is_active(m)},
-                decoding={m for m, q in self.queues.items() if q.is_decoding()},
+                active=active,
+                # Only a paused model's cap depends on it (an active one's is a decode's).
+                decoding={m for m, q in self.queues.items() if m not in active and q.is_decoding()},
                 t_last_active=self.tenancy.t_last_active,
                 run_next=self.tenancy.run_next(self.turns.has_work, lag),
                 idle=not self.requests,
@@ -283,12 +285,13 @@ class Scheduler:
         """Apply the executor's result at time ``now``; return the requests that finished."""
         if self.step_budget is not None:
             self.step_budget.observe(plan.num_batch_tokens, result.duration_s)
-        self.tenancy.observe(
-            {entry.model for entry in plan.batch},
-            now=now,
-            duration_s=result.duration_s,
-            compute_s=sum(result.compute_s.values()) if result.compute_s else None,
-        )
+        if self.tenancy.turn_length.is_measuring:  # only the steps after a switch
+            self.tenancy.observe(
+                {entry.model for entry in plan.batch},
+                now=now,
+                duration_s=result.duration_s,
+                compute_s=sum(result.compute_s.values()) if result.compute_s else None,
+            )
         finished = []
         for entry in plan.batch:
             r = self.requests[entry.request_id]

@@ -64,6 +64,11 @@ class TurnLength:
             quantum = min(quantum, max(self.min_quantum_s, self.max_quantum_s))
         return quantum
 
+    @property
+    def is_measuring(self) -> bool:
+        """Whether a switch's cost is being measured (``observe`` has work to do)."""
+        return self._t_switch is not None
+
     def switched(self, now: float) -> None:
         """The turn moved to another model at ``now``: a switch not yet settled is
         recorded with what it cost so far, and a new measure starts."""

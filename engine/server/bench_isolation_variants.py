@@ -40,6 +40,7 @@ from shunter.engine.server.bench import (
     stream_token_times,
 )
 from shunter.engine.server.bench_isolation import completion_body
+from shunter.engine.server.openai_api import slo_to_header
 from shunter.engine.server.serve import STEP_TARGET_TBT_FRACTION
 from shunter.engine.sim.isolation import (
     AGGRESSOR_RATE_FACTOR,
@@ -50,9 +51,10 @@ from shunter.engine.sim.isolation import (
     describe_slo,
     figures,
     format_row,
+    served_summary,
     targets_line,
 )
-from shunter.engine.sim.metrics import RequestRecord, Summary, summarize
+from shunter.engine.sim.metrics import RequestRecord
 from shunter.engine.sim.workload import poisson_arrivals
 
 AGGRESSOR = "aggressor"
@@ -163,11 +165,6 @@ def bench_isolation_variants(
     yield targets_line()
 
 
-def slo_header(slo: SloSpec) -> str:
-    """``slo`` as the gateway tells the engine (``X-Shunter-Slo``)."""
-    return f"class={slo.name},ttft_ms={1000 * slo.ttft_s:g},tbt_ms={1000 * slo.tbt_s:g}"
-
-
 async def _compare(
     url: str, variant: str, rate: float, victim_times: list[float], aggressor_times: list[float]
 ) -> tuple[Comparison, dict[str, Any]]:
@@ -193,20 +190,12 @@ async def _compare(
             state: dict[str, Any] = await r.json()
     comparison = Comparison(
         variant,
-        alone=_summary(alone, INTERACTIVE, t_alone),
-        beside=_summary(beside, INTERACTIVE, t_beside),
-        aggressor=_summary(pushed, BATCH, t_beside),
+        alone=served_summary(alone, INTERACTIVE, t_start=t_alone),
+        beside=served_summary(beside, INTERACTIVE, t_start=t_beside),
+        aggressor=served_summary(pushed, BATCH, t_start=t_beside),
         offered=AGGRESSOR_RATE_FACTOR * rate,
     )
     return comparison, state
-
-
-def _summary(records: list[RequestRecord], slo: SloSpec, t_start: float) -> Summary:
-    """``records`` against ``slo``, per second from ``t_start`` to their last token."""
-    end = max((r.t_last_token for r in records if r.t_last_token is not None), default=t_start)
-    return summarize(
-        records, ttft_slo_s=slo.ttft_s, tbt_slo_s=slo.tbt_s, duration_s=max(end - t_start, 1e-9)
-    )
 
 
 class _Client:
@@ -227,7 +216,7 @@ class _Client:
 
     async def _at(self, t: float, body: dict[str, Any], slo: SloSpec) -> RequestRecord:
         await asyncio.sleep(max(0.0, t - time.perf_counter()))
-        headers = {"X-Shunter-Slo": slo_header(slo), "X-Shunter-Tenant": slo.name}
+        headers = {"X-Shunter-Slo": slo_to_header(slo), "X-Shunter-Tenant": slo.name}
         t_arrival = time.perf_counter()
         times = await stream_token_times(self.session, self.url, body, headers)
         return RequestRecord.from_token_times(t_arrival, times)

@@ -359,6 +359,16 @@ async def _stream(
 SLO_FIELDS = {"ttft_ms": 1e-3, "tbt_ms": 1e-3, "alpha": 1.0, "beta_b": 1.0, "beta_f": 1.0}
 
 
+def slo_to_header(slo: SloSpec) -> str:
+    """``slo`` as ``X-Shunter-Slo`` spells it, every field: ``slo_from_header`` reads it
+    back as ``slo`` (a client of the engine that is not the gateway, such as a bench,
+    sends its class this way)."""
+    return (
+        f"class={slo.name},ttft_ms={1000 * slo.ttft_s:.12g},tbt_ms={1000 * slo.tbt_s:.12g},"
+        f"alpha={slo.alpha:.12g},beta_b={slo.beta_b:.12g},beta_f={slo.beta_f:.12g}"
+    )
+
+
 def slo_from_header(
     value: str | None, default: SloSpec | None, classes: Mapping[str, SloSpec]
 ) -> SloSpec | None:

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from shunter.engine.benchfigure import BenchFigure, ReportItem
 from shunter.engine.config import SloSpec
-from shunter.engine.sim.metrics import Summary, summarize
+from shunter.engine.sim.metrics import RequestRecord, Summary, summarize
 from shunter.engine.sim.report import LABEL
 from shunter.engine.sim.runner import SimConfig, SimRun, simulate
 from shunter.engine.sim.scenario import get_scenario
@@ -215,14 +215,24 @@ def compare(spec: IsolationSpec, scenario: str, variant: str) -> Comparison:
 
 
 def _summary(run: SimRun, model: str, slo: SloSpec, duration_s: float) -> Summary:
-    """``model``'s requests of ``run`` against ``slo``, per second of ``duration_s`` or
-    until its last token, whichever is later (a tenant that fell behind serves less per
-    second than it was sent)."""
+    """``model``'s requests of ``run`` (``served_summary``, over ``duration_s`` at least)."""
     records = [r for r, m in zip(run.records, run.record_models, strict=True) if m == model]
-    end = max((r.t_last_token for r in records if r.t_last_token is not None), default=0.0)
-    return summarize(
-        records, ttft_slo_s=slo.ttft_s, tbt_slo_s=slo.tbt_s, duration_s=max(end, duration_s)
-    )
+    return served_summary(records, slo, min_duration_s=duration_s)
+
+
+def served_summary(
+    records: Sequence[RequestRecord],
+    slo: SloSpec,
+    *,
+    t_start: float = 0.0,
+    min_duration_s: float = 0.0,
+) -> Summary:
+    """``records`` against ``slo``, per second from ``t_start`` until their last token,
+    or for ``min_duration_s`` if that is longer (a tenant that fell behind serves less
+    per second than it was sent)."""
+    end = max((r.t_last_token for r in records if r.t_last_token is not None), default=t_start)
+    duration_s = max(end - t_start, min_duration_s, 1e-9)
+    return summarize(records, ttft_slo_s=slo.ttft_s, tbt_slo_s=slo.tbt_s, duration_s=duration_s)
 
 
 # -- the report, shared with the engine's run ------------------------------------------------

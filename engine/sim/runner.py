@@ -199,7 +199,11 @@ def simulate(config: SimConfig, workload: Sequence[WorkloadRequest]) -> SimRun:
         weights=weights,
         switches=SwitchCosts(temporal, config.switch_s),
     )
-    core = EngineCore(engine_config, executor, transfers, clock, timings=timings)
+    # The liveness invariant, in simulated seconds and in steps (a livelock may stop the
+    # virtual clock): the engine checks it after every step; StuckError when it fails.
+    core = EngineCore(
+        engine_config, executor, transfers, clock, timings=timings, progress=ProgressWatch()
+    )
     weight_bytes = sum(m.param_bytes for m in config.models)
     layer_bytes = {m.name: m.layer_bytes for m in config.models}
     tenants = engine_config.tenant_by_model
@@ -220,9 +224,6 @@ def simulate(config: SimConfig, workload: Sequence[WorkloadRequest]) -> SimRun:
     peak_budget = config.scheduler.xfer_budget_blocks
     remapped: list[tuple[float, dict[str, int]]] = []
     turn: str | None = None
-    # The liveness invariant, in simulated seconds and in steps (a livelock may stop the
-    # virtual clock); StuckError when it fails.
-    progress = ProgressWatch()
     while True:
         now = clock.now()
         while next_arrival < len(requests) and requests[next_arrival].t_arr <= now:
@@ -236,10 +237,12 @@ def simulate(config: SimConfig, workload: Sequence[WorkloadRequest]) -> SimRun:
             if next_arrival == len(requests):
                 break
             clock.advance_to(requests[next_arrival].t_arr)
-            progress.rest(clock.now())
             continue
         weights_before = executor.totals.weight_bytes
-        stats = core.step()
+        try:
+            stats = core.step()
+        except NoProgress as e:
+            raise StuckError(str(e)) from None
         num_steps += 1
         if config.xfer_budget_from_link:
             # Weight copies share the host-to-device link (remapped layers streamed into
@@ -263,15 +266,6 @@ def simulate(config: SimConfig, workload: Sequence[WorkloadRequest]) -> SimRun:
         if remapping:
             remapped.append((stats.t_end, stats.remapped_layers))
         turned, turn = stats.turn != turn, stats.turn
-        try:
-            progress.observe(
-                now=stats.t_end,
-                step=stats.step,
-                num_emitted=stats.num_emitted,
-                num_live=core.num_live,
-            )
-        except NoProgress as e:
-            raise StuckError(str(e)) from None
         if stats.num_batch_tokens == 0:
             # Nothing computed, so time moves only to the next event: an arrival or a
             # copy completing. Without one, only a plan that changed state may go on.

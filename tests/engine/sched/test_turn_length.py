@@ -13,7 +13,9 @@ def test_unmeasured_the_quantum_is_the_minimum() -> None:
 
 def test_a_switch_costs_the_wait_before_the_first_step_and_the_waits_until_settled() -> None:
     turns = TurnLength(0.1)
+    assert not turns.is_measuring
     turns.switched(10.0)
+    assert turns.is_measuring
     # A step without the holder is not its business.
     turns.observe(holder_ran=False, now=10.3, duration_s=0.3, compute_s=0.0)
     # First step starts at 10.3 (0.3 s after the switch) and waits 0.15 s for layers.
@@ -22,6 +24,7 @@ def test_a_switch_costs_the_wait_before_the_first_step_and_the_waits_until_settl
     turns.observe(holder_ran=True, now=10.6, duration_s=0.1, compute_s=0.04)  # waits 0.06
     turns.observe(holder_ran=True, now=10.64, duration_s=0.04, compute_s=0.04)  # settled
     assert turns.t_switch_cost == pytest.approx(0.3 + 0.15 + 0.06)
+    assert not turns.is_measuring
     assert turns.quantum_s == pytest.approx(SWITCH_COST_FACTOR * 0.51)
     # Later steps do not count; the next switch moves the average.
     turns.observe(holder_ran=True, now=11.0, duration_s=0.3, compute_s=0.0)
