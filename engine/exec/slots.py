@@ -218,15 +218,17 @@ def measure_timing(host: PackedLayers, device: torch.device, *, repeats: int = 5
     T_T is the fastest of ``repeats`` host-to-device copies of one packed layer: what a
     copy costs uncontended, as the fastest run of a short timed loop is (a median of
     three, on a loaded host, now and then took a neighbour's burst for the copy and left
-    a model lending no layer at all). Neither
-    forward time is known before a pass has run, so both start at the time to read
-    every layer's weights once (half a device-to-device copy of a layer, which reads and
-    writes it, per layer): a lower bound of a pass, so the controller starts cautious
-    until measured passes replace it.
+    a model lending no layer at all). Neither forward time is known before a pass has
+    run, so both start at the fastest of ``repeats`` one-token products with each of a
+    layer's weight matrices, times the layers: a decode pass does at least that, so the
+    controller starts cautious until measured passes replace it. (Half a device-to-device
+    copy of the layer, the bandwidth bound, was the prior before; on a CPU, where T_T is
+    itself a memory copy, it put T_T at 2-3 layer times, on the edge of Eq. 4, and a
+    loaded host tipped an idle model, which never runs a pass to correct it, into
+    lending no layer.)
     """
     copies = CopyStream(device)
     scratch = torch.empty(host.packing.nbytes, dtype=torch.uint8, device=device)
-    other = torch.empty_like(scratch)
 
     def timed(fn: Callable[[], object]) -> float:
         times = []
@@ -240,8 +242,11 @@ def measure_timing(host: PackedLayers, device: torch.device, *, repeats: int = 5
         return min(times)
 
     t_transfer = timed(lambda: copies.copy(scratch, host.data[0]))
-    t_read = timed(lambda: other.copy_(scratch)) / 2
-    t_pass = max(t_read, 1e-9) * len(host)
+    layer = host.packing.views(scratch)
+    matrices = (layer.qkv, layer.o_proj, layer.gate_up, layer.down)
+    inputs = [torch.ones(w.shape[1], dtype=w.dtype, device=device) for w in matrices]
+    t_layer = timed(lambda: [torch.mv(w, x) for w, x in zip(matrices, inputs, strict=True)])
+    t_pass = max(t_layer, 1e-9) * len(host)
     return LayerTiming(max(t_transfer, 1e-9), t_pass, t_pass)
 
 
