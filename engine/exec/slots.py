@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from shunter.engine.exec.host_copy import copy_on_this_thread
 from shunter.engine.exec.loader import LayerWeights
 from shunter.engine.exec.packing import PackedLayers
 from shunter.engine.plan import LayerLoad, SlotStream
@@ -45,7 +46,8 @@ class SlotSchedule:
 
 
 class CopyStream:
-    """Host-to-device copies of layers: on a CUDA copy stream, or plain copies on CPU.
+    """Host-to-device copies of layers: on a CUDA copy stream, or on the calling thread
+    alone on CPU (``copy_on_this_thread``).
 
     ``copy(dst, src)`` queues one copy after the work already queued on the compute
     stream and returns its event (None on CPU, where it has completed).
@@ -60,7 +62,7 @@ class CopyStream:
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> torch.cuda.Event | None:
         if self.stream is None:
-            dst.copy_(src)
+            copy_on_this_thread(dst, src)
             return None
         # The destination's previous readers are on the compute stream.
         self.stream.wait_stream(torch.cuda.current_stream(self.device))

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
+from shunter.engine.exec.host_copy import copy_rows_on_this_thread
 from shunter.engine.interfaces import Transfers
 from shunter.engine.plan import BlockCopies, StepPlan
 
@@ -126,9 +127,7 @@ def copy_blocks(
     """One batched, synchronous copy of whole blocks between the tiers."""
     if not copies:
         return
-    device_ids = torch.tensor(copies.devices, dtype=torch.int64, device=device_kv.device)
-    host_ids = torch.tensor(copies.hosts, dtype=torch.int64, device=host_kv.device)
     if to_host:
-        host_kv[host_ids] = device_kv[device_ids].to(host_kv.device)
+        copy_rows_on_this_thread(host_kv, copies.hosts, device_kv, copies.devices)
     else:
-        device_kv[device_ids] = host_kv[host_ids].to(device_kv.device)
+        copy_rows_on_this_thread(device_kv, copies.devices, host_kv, copies.hosts)
