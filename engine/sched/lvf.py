@@ -149,10 +149,15 @@ class LvfPlusPolicy(LvfPolicy):
       against the most lagging candidate now, admitted this step or not, so it errs
       long: toward keeping a request running.
 
+    - **Steps paced to the tightest TBT** (``paces``): a spatial model whose requests
+      all have slack for two steps sits out a step that would run past the tightest TBT
+      target among the requests in decode (``pacing.Pacing``).
+
     Everything else is Algorithm 1 as ``lvf`` runs it.
     """
 
     name = "lvf+"
+    paces = True
 
     def schedule(self, state: PolicyInput) -> Decision:
         candidates = [*state.waiting, *state.rotary]

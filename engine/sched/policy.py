@@ -65,11 +65,15 @@ class Policy(ABC):
 
     ``rotates``: the policy decides over every executing model at once, in bytes, and
     may preempt proactively within B_xfer (the LVF family); the others decide per model,
-    in blocks, and preempt nothing by choice.
+    in blocks, and preempt nothing by choice. ``paces``: a spatial model whose requests
+    all have slack may sit out a step that would run past a tighter TBT target
+    (``pacing.Pacing``); the others run every executing model every step, as separate
+    serving instances would.
     """
 
     name: str
     rotates: bool = False
+    paces: bool = False
 
     @abstractmethod
     def schedule(self, state: PolicyInput) -> Decision: ...

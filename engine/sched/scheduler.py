@@ -23,6 +23,7 @@ from shunter.engine.sched.admission import Admission
 from shunter.engine.sched.batch import add_decodes
 from shunter.engine.sched.capacity import Capacity
 from shunter.engine.sched.decodes import Decodes
+from shunter.engine.sched.pacing import Pacing
 from shunter.engine.sched.policy import Policy
 from shunter.engine.sched.pressure import KvBytes
 from shunter.engine.sched.queues import RequestQueues
@@ -96,6 +97,7 @@ class Scheduler:
         )
         swap = config.scheduler.preemption == "swap"
         self.decodes = Decodes(memory, self.queues, self.kv, swap=swap)
+        self.pacing = Pacing(self.queues, self.tenancy) if policy.paces else None
         self.capacity = Capacity(memory, self.queues, self.kv)
         self.admission = Admission(
             memory=memory,
@@ -218,6 +220,8 @@ class Scheduler:
         self.memory.set_bounds(KvBounds(self.tenancy.tenants.values()))
         if self.remapper is not None:
             self.remapper.remove_model(model)
+        if self.pacing is not None:
+            self.pacing.forget(model)
 
     @property
     def step_tokens(self) -> int:
@@ -263,8 +267,11 @@ class Scheduler:
                 idle=not self.requests,
             )
         short: dict[str, int] = {}  # model -> KV bytes it lacked this step
-        decodes, prefills = self.decodes.reserve(executing, plan, sitting_out, short)
-        admit = self.admission.decide(executing, plan, now, self.config.xfer_budget_blocks)
+        # Models paced out of this step keep their memory and their place: they only
+        # batch nothing.
+        stepping = executing if self.pacing is None else self.pacing.select(executing, now)
+        decodes, prefills = self.decodes.reserve(stepping, plan, sitting_out, short)
+        admit = self.admission.decide(stepping, plan, now, self.config.xfer_budget_blocks)
         tokens = add_decodes(plan, decodes, self.config.max_batch_tokens)
         if self.step_budget is not None:
             budget = self.step_budget
@@ -285,6 +292,8 @@ class Scheduler:
         """Apply the executor's result at time ``now``; return the requests that finished."""
         if self.step_budget is not None:
             self.step_budget.observe(plan.num_batch_tokens, result.duration_s)
+        if self.pacing is not None:
+            self.pacing.observe(result.compute_s)
         if self.tenancy.turn_length.is_measuring:  # only the steps after a switch
             self.tenancy.observe(
                 {entry.model for entry in plan.batch},
