@@ -61,7 +61,7 @@ from shunter.engine.server.errors import ApiError
 from shunter.engine.server.timing import TIMING_HEADER, EngineTiming
 from shunter.platform.gateway.errors import engine_unavailable
 from shunter.platform.gateway.replies import Reply, error_reply
-from shunter.platform.gateway.routes import Route
+from shunter.platform.gateway.routes import Route, routes
 from shunter.platform.gateway.spool import PendingRecord, RecordSpool, SpoolReplayer
 from shunter.tenants.auth import DATABASE_DOWN, KeyGrant, await_shared, submit_db
 from shunter.tenants.quotas import Admission, LoopLocal, quota_limiter
@@ -69,6 +69,9 @@ from shunter.tenants.quotas import Admission, LoopLocal, quota_limiter
 log = logging.getLogger("shunter.gateway")
 
 CONNECT_TIMEOUT_S = 1.0
+# Tries of a request that fails before its first byte reached the client: the first
+# replica, then one other.
+MAX_ATTEMPTS = 2
 # The longest silence of a stream (no event, no keep-alive) before it counts as broken.
 STREAM_IDLE_S = 30.0
 PROMPT_TOKENS_HEADER = "X-Shunter-Prompt-Tokens"
@@ -201,6 +204,7 @@ class Exchange:
         self.http_status = 200
         self.t_end: float | None = None
         self._finished = False
+        self._sent_to: int | None = None  # the deployment counted with this request
         # Renews the concurrency lease until the accounting settles it.
         self.hold = quota_limiter().hold(str(grant.tenant_id), admission)
 
@@ -226,29 +230,74 @@ class Exchange:
                 }
         path = "chat/completions" if self.endpoint == "chat" else "completions"
         read_s = STREAM_IDLE_S if self.stream else settings.GATEWAY_READ_TIMEOUT_S
-        try:
-            upstream = await sessions.get().post(
-                engine_url(self.route, path),
-                data=json.dumps(body).encode(),
-                headers=self._upstream_headers(),
-                timeout=read_timeout(read_s),
-            )
-        except aiohttp.SocketTimeoutError as e:
-            return self._timed_out(read_s, e)
-        except (aiohttp.ClientError, TimeoutError, OSError) as e:
-            return self._unavailable(f"The engine of {self.route.model_name!r} is unreachable", e)
-        except BaseException:
-            self._end("aborted", "client_disconnected", 499)
-            raise
-        self.reported_prompt_tokens = _count(upstream.headers.get(PROMPT_TOKENS_HEADER))
-        if upstream.status != 200:
-            return await self._pass_error(upstream)
+        data = json.dumps(body).encode()
+        tried: set[int] = set()
+        while True:
+            tried.add(self.route.deployment_id)
+            self._send_to(self.route)
+            try:
+                upstream = await sessions.get().post(
+                    engine_url(self.route, path),
+                    data=data,
+                    headers=self._upstream_headers(),
+                    timeout=read_timeout(read_s),
+                )
+            except aiohttp.SocketTimeoutError as e:
+                return self._timed_out(read_s, e)
+            except (aiohttp.ClientError, TimeoutError, OSError) as e:
+                if await self._fail_over(tried, e):
+                    continue
+                what = f"The engine of {self.route.model_name!r} is unreachable"
+                return self._unavailable(what, e)
+            except BaseException:
+                self._end("aborted", "client_disconnected", 499)
+                raise
+            self.reported_prompt_tokens = _count(upstream.headers.get(PROMPT_TOKENS_HEADER))
+            if upstream.status == 200:
+                break
+            raw = await self._read(upstream)
+            if isinstance(raw, Reply):
+                return raw
+            if _cannot_serve_now(upstream.status, raw) and await self._fail_over(
+                tried, f"HTTP {upstream.status}"
+            ):
+                continue
+            return self._pass_error(upstream.status, raw)
         if upstream.content_type == "text/event-stream":
             headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
             reply = Reply(200, headers, stream=self._relay(upstream))
             reply.content_type = "text/event-stream"
             return self._decorate(reply)
         return await self._collect(upstream)
+
+    def _send_to(self, route: Route) -> None:
+        """Count this request in flight on ``route`` (and no longer on the one before)."""
+        if self._sent_to is not None:
+            routes.balancer.finished(self._sent_to)
+        self._sent_to = route.deployment_id
+        routes.balancer.started(route.deployment_id)
+
+    async def _fail_over(self, tried: set[int], why: object) -> bool:
+        """Nothing reached the client yet: cool the replica that failed and move to
+        another routable one of the model, once (``MAX_ATTEMPTS``); False when there is
+        none to try."""
+        failed = self.route
+        routes.balancer.cool_down(failed.deployment_id)
+        if len(tried) >= MAX_ATTEMPTS:
+            return False
+        try:
+            route = await routes.choose(self.grant, failed.model_name, exclude=tried)
+        except ApiError:
+            return False
+        log.warning(
+            "node %r failed request %s before its first byte (%s); retrying on node %r",
+            failed.node_name,
+            self.request_id,
+            why,
+            route.node_name,
+        )
+        self.route = route
+        return True
 
     def _upstream_headers(self) -> dict[str, str]:
         headers = {
@@ -292,15 +341,12 @@ class Exchange:
         finally:
             upstream.release()
 
-    async def _pass_error(self, upstream: aiohttp.ClientResponse) -> Reply:
-        """The engine refused: its status and OpenAI error body go to the client as is
-        (a body in another shape is wrapped in one). An engine's 401 or 403 refuses the
-        gateway's engine token, not the client's key: the client gets a 503
+    def _pass_error(self, status: int, raw: bytes) -> Reply:
+        """The engine refused with ``status`` and body ``raw``: both go to the client as
+        is (a body in another shape is wrapped in one). An engine's 401 or 403 refuses
+        the gateway's engine token, not the client's key: the client gets a 503
         ``engine_unavailable`` and the operator a warning (once per node)."""
-        raw = await self._read(upstream)
-        if isinstance(raw, Reply):
-            return raw
-        if upstream.status in (401, 403):
+        if status in (401, 403):
             node = self.route.node_name
             # Once per node and process: every request would repeat it.
             level = logging.DEBUG if node in _token_refused_nodes else logging.WARNING
@@ -310,7 +356,7 @@ class Exchange:
                 "the engine of node %r refused the gateway's engine token (%d): set the "
                 "node's engine token to the engine's (admin or API); request %s",
                 node,
-                upstream.status,
+                status,
                 self.request_id,
             )
             name = self.route.model_name
@@ -319,12 +365,12 @@ class Exchange:
             return error_reply(refusal, self.request_id, self.admission.headers())
         error = _error_of(raw)
         if error is None:
-            kind = "invalid_request_error" if upstream.status < 500 else "server_error"
-            text = raw.decode(errors="replace")[:500] or upstream.reason or "engine error"
-            error = ApiError(upstream.status, f"The engine answered: {text}", type=kind)
+            kind = "invalid_request_error" if status < 500 else "server_error"
+            text = raw.decode(errors="replace")[:500] or "engine error"
+            error = ApiError(status, f"The engine answered: {text}", type=kind)
             raw = json.dumps(error.body()).encode()
-        self._end("error", str(error.code or error.type), upstream.status)
-        return self._decorate(Reply(upstream.status, body=raw))
+        self._end("error", str(error.code or error.type), status)
+        return self._decorate(Reply(status, body=raw))
 
     async def _collect(self, upstream: aiohttp.ClientResponse) -> Reply:
         raw = await self._read(upstream)
@@ -431,6 +477,8 @@ class Exchange:
         if self._finished:
             return
         self._finished = True
+        if self._sent_to is not None:
+            routes.balancer.finished(self._sent_to)
         task = asyncio.get_running_loop().create_task(self._finish())
         _background.add(task)
         task.add_done_callback(_background.discard)
@@ -718,6 +766,16 @@ def tenant_label(grant: KeyGrant) -> str:
     if name.isascii() and name.isprintable() and "," not in name:
         return name
     return f"tenant-{grant.tenant_id}"
+
+
+def _cannot_serve_now(status: int, raw: bytes) -> bool:
+    """An engine answer that says nothing about the request, only that this replica
+    cannot serve it now: 503 (draining, stalled, loading) or a 404 for the model (the
+    route table says it serves it: it is reloading its models)."""
+    if status == 503:
+        return True
+    error = _error_of(raw) if status == 404 else None
+    return error is not None and error.code == "model_not_found"
 
 
 def _count(value: Any) -> int:

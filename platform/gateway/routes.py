@@ -13,13 +13,13 @@ requests get a 503 ``database_unavailable``.
 from __future__ import annotations
 
 import concurrent.futures
-import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
+from shunter.platform.gateway.balancer import Balancer
 from shunter.platform.gateway.errors import engine_unavailable, model_not_found
 from shunter.tenants.auth import REFRESH_AT, KeyGrant, await_read, forbidden, submit_db
 
@@ -87,7 +87,7 @@ class RouteTable:
         self._read_at = -float("inf")
         self._reading: tuple[float, concurrent.futures.Future[dict[str, list[Route]]]] | None
         self._reading = None
-        self._turn = itertools.count()
+        self.balancer = Balancer(clock=clock)
 
     async def table(self, grant: KeyGrant | None = None) -> dict[str, list[Route]]:
         """The table, read again when it is older than ``ttl_s``, or when ``grant`` names
@@ -137,21 +137,22 @@ class RouteTable:
             if route.enabled and grant.may_use(route.deployment_id)
         ]
 
-    async def choose(self, grant: KeyGrant, model: str) -> Route:
+    async def choose(self, grant: KeyGrant, model: str, exclude: Collection[int] = ()) -> Route:
         """A deployment of ``model`` for ``grant``: 404 ``model_not_found`` when no
         deployment serves that name, 403 when none is the key's, 503
-        ``engine_unavailable`` when the key's are disabled or on unhealthy nodes. Several
-        routable deployments take turns."""
+        ``engine_unavailable`` when the key's are disabled, on unhealthy nodes or
+        ``exclude``d (tried already). Among several routable deployments the
+        ``balancer`` picks the one with the fewest requests in flight, not cooling."""
         routes = (await self.table(grant)).get(model)
         if not routes:
             raise model_not_found(model)
         mine = [r for r in routes if grant.may_use(r.deployment_id)]
         if not mine:
             raise forbidden(f"This API key may not use the model {model!r}.", "model_not_allowed")
-        routable = [r for r in mine if r.routable]
-        if not routable:
+        route = self.balancer.pick([r for r in mine if r.routable], exclude)
+        if route is None:
             raise engine_unavailable(f"No deployment of {model!r} is serving right now.")
-        return routable[next(self._turn) % len(routable)]
+        return route
 
 
 routes = RouteTable()

@@ -155,3 +155,28 @@ def test_through_the_gateway_replicas_take_turns_and_unhealthy_nodes_are_skipped
     error = replies[-1].error  # exactly OpenAI's error body
     assert (error["code"], error["type"]) == ("engine_unavailable", "service_unavailable")
     assert replies[-1].headers["retry-after"] == "1"
+
+
+async def test_a_regular_mix_of_two_models_spreads_each_over_both_nodes() -> None:
+    def rows() -> tuple[dict[str, set[int]], str]:
+        """Models m and m2, each deployed on nodes mix-a and mix-b; a key for all four."""
+        nodes = [make_node(name=f"mix-{n}", status=HEALTHY) for n in "ab"]
+        by_model: dict[str, set[int]] = {}
+        for name in ("m", "m2"):
+            model = make_model(name=name)
+            by_model[name] = {make_deployment(node=node, model=model).pk for node in nodes}
+        deployments = Deployment.objects.filter(pk__in=by_model["m"] | by_model["m2"])
+        tenant = make_tenant(*deployments)
+        _, secret = api_key_create(tenant=tenant, name="k", all_deployments=True)
+        return by_model, secret
+
+    by_model, secret = await run_db(rows)
+    grant = await KeyAuthenticator().authenticate(f"Bearer {secret}")
+    table = RouteTable()
+    served: dict[str, list[int]] = {"m": [], "m2": []}
+    for _ in range(10):  # m, m2, m, m2, ...: one counter for both pinned each to a node
+        for model in ("m", "m2"):
+            served[model].append((await table.choose(grant, model)).deployment_id)
+    for model, ids in served.items():
+        assert sorted(set(ids)) == sorted(by_model[model])
+        assert all(ids.count(d) == 5 for d in by_model[model])
