@@ -40,28 +40,26 @@ def running(r: Request) -> Request:
     return r
 
 
+def chat_and_batch(*more: Request) -> list[Request]:
+    """A chat request in decode, and a batch one 18 s ahead of its TBT target (40 tokens
+    in 2 s against 0.5 s each)."""
+    return [
+        running(decoding("c", "chat", CHAT, tokens=3, since=0.1)),
+        running(decoding("b", "batch", BATCH, tokens=40, since=2.0)),
+        *more,
+    ]
+
+
 def test_a_batch_model_with_slack_sits_out_a_step_longer_than_chats_tbt() -> None:
     # 40 tokens in 2 s: 18 s of TBT slack against two 60 ms steps.
-    p = pacing(
-        *SPATIAL,
-        requests=[
-            running(decoding("c", "chat", CHAT, tokens=3, since=0.1)),
-            running(decoding("b", "batch", BATCH, tokens=40, since=2.0)),
-        ],
-    )
+    p = pacing(*SPATIAL, requests=chat_and_batch())
     p.observe({"chat": 0.02, "batch": 0.04})
     assert p.select(["chat", "batch"], NOW) == ["chat"]
     assert p.num_paced == 1
 
 
 def test_no_model_sits_out_a_step_that_fits_the_tightest_tbt() -> None:
-    p = pacing(
-        *SPATIAL,
-        requests=[
-            running(decoding("c", "chat", CHAT, tokens=3, since=0.1)),
-            running(decoding("b", "batch", BATCH, tokens=40, since=2.0)),
-        ],
-    )
+    p = pacing(*SPATIAL, requests=chat_and_batch())
     p.observe({"chat": 0.02, "batch": 0.02})
     assert p.select(["chat", "batch"], NOW) == ["chat", "batch"]
 
@@ -76,27 +74,14 @@ def test_a_model_behind_its_own_target_or_with_a_prompt_to_compute_runs() -> Non
     # Slack to spare on its decode, but a prompt waiting: deferred, it would only make
     # a later step longer.
     due = Request("w", "batch", 16, 8, BATCH, t_arr=NOW - 1.0)
-    p = pacing(
-        *SPATIAL,
-        requests=[
-            running(decoding("c", "chat", CHAT, tokens=3, since=0.1)),
-            running(decoding("b", "batch", BATCH, tokens=40, since=2.0)),
-            due,
-        ],
-    )
+    p = pacing(*SPATIAL, requests=chat_and_batch(due))
     p.observe({"chat": 0.02, "batch": 0.04})
     assert p.select(["chat", "batch"], NOW) == ["chat", "batch"]
 
 
 def test_the_model_with_the_tightest_target_and_temporal_models_always_run() -> None:
     temporal = (TenantSpec("chat", slo=CHAT), TenantSpec("batch", sharing="temporal", slo=BATCH))
-    p = pacing(
-        *temporal,
-        requests=[
-            running(decoding("c", "chat", CHAT, tokens=3, since=0.1)),
-            running(decoding("b", "batch", BATCH, tokens=40, since=2.0)),
-        ],
-    )
+    p = pacing(*temporal, requests=chat_and_batch())
     p.observe({"chat": 0.04, "batch": 0.04})
     assert p.select(["chat", "batch"], NOW) == ["chat", "batch"]
     # Alone with slack, a model is never paced: nothing tighter is in decode beside it.
@@ -106,12 +91,6 @@ def test_the_model_with_the_tightest_target_and_temporal_models_always_run() -> 
 
 
 def test_an_unmeasured_model_is_not_paced() -> None:
-    p = pacing(
-        *SPATIAL,
-        requests=[
-            running(decoding("c", "chat", CHAT, tokens=3, since=0.1)),
-            running(decoding("b", "batch", BATCH, tokens=40, since=2.0)),
-        ],
-    )
+    p = pacing(*SPATIAL, requests=chat_and_batch())
     p.observe({"chat": 0.06})
     assert p.select(["chat", "batch"], NOW) == ["chat", "batch"]
