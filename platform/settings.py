@@ -282,7 +282,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Benchmark runs last minutes: a queue of their own, so polls never wait behind them
 # (eager mode, without a broker, has no queues).
 CELERY_TASK_ROUTES = {"shunter.platform.benchmark_run": {"queue": "benchmarks"}}
-CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_BEAT_SCHEDULER = "shunter.platform.beat:LeaderScheduler"
 
 # The admin REST API: staff by session (browser) or by token (scripts).
 REST_FRAMEWORK = {
