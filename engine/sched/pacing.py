@@ -57,17 +57,18 @@ class Pacing:
         self.pass_s.pop(model, None)
 
     def select(self, executing: Sequence[str], now: float) -> list[str]:
-        """``executing`` less the models that sit this step out."""
-        tight = min((self._tightest(m) for m in executing), default=float("inf"))
-        if tight == float("inf"):
-            return list(executing)
+        """``executing`` less the models that sit this step out. Cheapest checks first:
+        this runs every step, and only a step of two or more measured models can be
+        paced."""
         busy = [m for m in executing if self.queues[m]]
-        if any(m not in self.pass_s for m in busy):
+        if len(busy) < 2 or any(m not in self.pass_s for m in busy):
             return list(executing)
         step = sum(self.pass_s[m] for m in busy)
+        tightest = {m: self._tightest(m) for m in busy}
+        tight = min(tightest.values())
         if step <= tight:
             return list(executing)
-        slack = {m: self._slack(m, now) for m in busy if self._may_pace(m, tight)}
+        slack = {m: self._slack(m, now) for m in busy if tightest[m] > tight and self._may_pace(m)}
         paced: set[str] = set()
         for m in sorted(slack, key=lambda m: (-slack[m], m)):
             if step <= tight:
@@ -79,24 +80,22 @@ class Pacing:
         return [m for m in executing if m not in paced]
 
     def _tightest(self, model: str) -> float:
-        """The tightest TBT target among ``model``'s live requests (inf: none)."""
+        """The tightest TBT target among ``model``'s live requests."""
         q = self.queues[model]
         groups = (q.running, q.waiting, q.rotary, q.landing)
-        return min((r.slo.tbt_s for g in groups for r in g.values()), default=float("inf"))
+        return min(r.slo.tbt_s for g in groups for r in g.values())
 
-    def _may_pace(self, model: str, tight: float) -> bool:
-        """A spatial model all of whose live requests are running decodes, none with the
-        tightest target: a decode pass deferred costs what it would have cost now, while
-        a deferred prompt would only make a later step, which the tight model shares,
-        longer."""
+    def _may_pace(self, model: str) -> bool:
+        """A spatial model all of whose live requests are running decodes: a decode pass
+        deferred costs what it would have cost now, while a deferred prompt would only
+        make a later step, which the tight model shares, longer."""
         if self.tenancy.tenants[model].sharing != "spatial":
             return False
         q = self.queues[model]
         if q.waiting or q.rotary or q.landing:
             return False
         return all(
-            r.t_first_token is not None and r.num_pending_tokens <= 1 and r.slo.tbt_s > tight
-            for r in q.running.values()
+            r.t_first_token is not None and r.num_pending_tokens <= 1 for r in q.running.values()
         )
 
     def _slack(self, model: str, now: float) -> float:
