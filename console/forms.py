@@ -8,18 +8,23 @@ from typing import Any
 from django import forms
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 
-from shunter.platform.models import Deployment, SloClass
+from shunter.platform.models import Deployment, Model, SloClass
 
 
 class ApiKeyCreateForm(forms.Form):
-    """A key's name, what it reaches (every deployment of the tenant, or the scopes
-    checked among them), optional expiry."""
+    """A key's name, what it reaches (every deployment the tenant may use, or the models
+    and deployments checked among the tenant's), optional expiry."""
 
     name = forms.CharField(max_length=128)
     all_deployments = forms.BooleanField(
         required=False,
         label="Every deployment",
-        help_text="Every deployment the tenant has, now or later.",
+        help_text="Every deployment the tenant may use, now or later.",
+    )
+    model_scopes = forms.MultipleChoiceField(
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        help_text="Or every deployment of the models checked, now or later.",
     )
     scopes = forms.MultipleChoiceField(
         required=False,
@@ -32,14 +37,25 @@ class ApiKeyCreateForm(forms.Form):
         help_text="UTC; empty: never.",
     )
 
-    def __init__(self, *args: Any, deployments: Sequence[Deployment], **kwargs: Any):
+    def __init__(
+        self,
+        *args: Any,
+        deployments: Sequence[Deployment],
+        models: Sequence[Model],
+        **kwargs: Any,
+    ):
         super().__init__(*args, **kwargs)
         self.deployments = {str(d.pk): d for d in deployments}
+        self.models = {m.name: m for m in models}
         choices = [(pk, str(d)) for pk, d in self.deployments.items()]
         self.fields["scopes"].choices = choices  # type: ignore[attr-defined]
+        self.fields["model_scopes"].choices = [(n, n) for n in self.models]  # type: ignore[attr-defined]
 
     def scope_deployments(self) -> list[Deployment]:
         return [self.deployments[pk] for pk in self.cleaned_data["scopes"]]
+
+    def scope_models(self) -> list[Model]:
+        return [self.models[name] for name in self.cleaned_data["model_scopes"]]
 
 
 class DeploymentEditForm(forms.Form):

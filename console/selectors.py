@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from django.db.models import BigIntegerField, Count, Func, Max, Prefetch, Q, Sum
+from django.db.models import BigIntegerField, Count, Func, OuterRef, Prefetch, Q, Subquery, Sum
 from django.utils import timezone
 
 from shunter.console import figures
@@ -141,6 +141,12 @@ def overview(now: datetime | None = None) -> Overview:
     """Every tenant's row (attainment per window, rates, status) and the per-minute and
     5-second joint attainment series. Five queries."""
     now = now or timezone.now()
+    # The strictest target among the deployments each tenant may use.
+    strictest = (
+        Deployment.objects.restrict(OuterRef("pk"))
+        .order_by("-slo_class__attainment_target")
+        .values("slo_class__attainment_target")[:1]
+    )
     tenants = list(
         Tenant.objects.select_related("default_slo_class")
         .only(
@@ -150,7 +156,7 @@ def overview(now: datetime | None = None) -> Overview:
             "default_slo_class__name",
             "default_slo_class__attainment_target",
         )
-        .annotate(deployments_target=Max("deployments__slo_class__attainment_target"))
+        .annotate(deployments_target=Subquery(strictest))
         .order_by("name")
     )
     since = floor_minute(now - timedelta(minutes=max(WINDOWS_MIN)))
@@ -286,22 +292,24 @@ class QuotaUsage(TypedDict):
 
 
 def tenant_detail(tenant_id: int) -> Tenant | None:
-    """The tenant with its SLO class and allowed deployments loaded."""
+    """The tenant with its SLO class and granted models loaded."""
     return (
         Tenant.objects.select_related("default_slo_class")
-        .prefetch_related(
-            Prefetch("deployments", queryset=Deployment.objects.select_related("model", "node"))
-        )
+        .prefetch_related("models")
         .filter(pk=tenant_id)
         .first()
     )
 
 
 def tenant_keys(tenant: Tenant) -> list[ApiKey]:
-    """The tenant's keys, newest first, with their scopes' models."""
+    """The tenant's keys, newest first, with their model scopes and their scopes' models
+    and nodes."""
     return list(
         ApiKey.objects.restrict(tenant)
-        .prefetch_related(Prefetch("scopes", queryset=Deployment.objects.select_related("model")))
+        .prefetch_related(
+            "model_scopes",
+            Prefetch("scopes", queryset=Deployment.objects.select_related("model", "node")),
+        )
         .order_by("-created_at", "-id")
     )
 
@@ -422,6 +430,7 @@ class NodeView(TypedDict):
     id: int
     name: str
     status: str
+    rotation: str  # "in rotation", or why it is cordoned
     last_seen: str | None
     state_at: float | None
     error: str
@@ -479,6 +488,7 @@ def node_view(node: Node) -> NodeView:
         "id": node.pk,
         "name": node.name,
         "status": node.status,
+        "rotation": node.get_cordon_display(),
         "last_seen": node.last_seen.isoformat() if node.last_seen else None,
         "state_at": node.state_at.timestamp() if node.state_at else None,
         "error": node.last_error,

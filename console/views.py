@@ -26,6 +26,7 @@ from shunter.platform.login_throttle import ThrottledLoginView
 from shunter.platform.models import Deployment, SloClass
 from shunter.platform.services import deployment_update, node_fit
 from shunter.tenants.models import ApiKey, Tenant
+from shunter.tenants.selectors import tenant_deployments
 from shunter.tenants.services import api_key_create, api_key_revoke
 
 LOGIN_URL = reverse_lazy("console:login")
@@ -85,13 +86,15 @@ def _tenant_page(
     new_key: tuple[ApiKey, str] | None = None,
     status: int = 200,
 ) -> HttpResponse:
-    deployments = list(tenant.deployments.all())
+    deployments = list(tenant_deployments(tenant=tenant))
+    models = list(tenant.models.all())
     ttft, tpot = selectors.tenant_latency_samples(tenant)
     return render(
         request,
         "console/tenant.html",
         {
             "tenant": tenant,
+            "models": models,
             "deployments": deployments,
             "keys": selectors.tenant_keys(tenant),
             "quotas": selectors.tenant_quota_usage(tenant),
@@ -101,7 +104,7 @@ def _tenant_page(
                 "tpot": figures.latency_histogram_figure("TPOT, last hour", tpot),
             },
             "has_samples": bool(ttft or tpot),
-            "form": form or ApiKeyCreateForm(deployments=deployments),
+            "form": form or ApiKeyCreateForm(deployments=deployments, models=models),
             "new_key": new_key,
         },
         status=status,
@@ -127,13 +130,18 @@ def tenant(request: HttpRequest, tenant_id: int) -> HttpResponse:
 def key_create(request: HttpRequest, tenant_id: int) -> HttpResponse:
     """Create a key and show its secret in this response, once (never stored)."""
     tenant = _tenant_or_404(tenant_id)
-    form = ApiKeyCreateForm(request.POST, deployments=list(tenant.deployments.all()))
+    form = ApiKeyCreateForm(
+        request.POST,
+        deployments=list(tenant_deployments(tenant=tenant)),
+        models=list(tenant.models.all()),
+    )
     if form.is_valid():
         try:
             key, secret = api_key_create(
                 tenant=tenant,
                 name=form.cleaned_data["name"],
                 scopes=form.scope_deployments(),
+                model_scopes=form.scope_models(),
                 all_deployments=form.cleaned_data["all_deployments"],
                 expires_at=form.cleaned_data["expires_at"],
             )

@@ -51,8 +51,16 @@ class TenantScopedQuerySet(models.QuerySet[Any]):
 
 
 class DeploymentQuerySet(TenantScopedQuerySet):
-    # A deployment "belongs" to every tenant allowed to use it.
-    tenant_path = "tenants"
+    """A deployment "belongs" to every tenant allowed to use it: each tenant granted the
+    deployment itself (pinned to its node) or its model (every deployment of the model,
+    now and later)."""
+
+    def restrict(self, tenant: Any) -> Self:
+        """The deployments ``tenant`` (a Tenant, its id or an ``OuterRef``) may use, each
+        once; None leaves them all."""
+        if tenant is None:
+            return self
+        return self.filter(models.Q(tenants=tenant) | models.Q(model__tenants=tenant)).distinct()
 
 
 class SloClass(models.Model):
@@ -146,12 +154,22 @@ class Node(models.Model):
     ``engine_token``); ``state`` caches the engine's last ``/admin/state`` snapshot and
     ``engine_started`` the start time its ``/v1/models`` reports (a change means it
     restarted).
+
+    ``cordon`` says why the node takes no new requests ('' when it is in rotation): an
+    operator cordoned it (for maintenance), or a rollout did while it changes the node's
+    deployments. The gateway routes no new request to a cordoned node; the ones in
+    flight finish.
     """
 
     class Status(models.TextChoices):
         UNKNOWN = "unknown"
         HEALTHY = "healthy"
         UNHEALTHY = "unhealthy"
+
+    class Cordon(models.TextChoices):
+        NONE = "", "in rotation"
+        OPERATOR = "operator", "cordoned by an operator"
+        ROLLOUT = "rollout", "cordoned while its deployments change"
 
     name = models.SlugField(max_length=64, unique=True)
     engine_url = models.URLField(max_length=500)
@@ -160,6 +178,9 @@ class Node(models.Model):
     hbm_bytes = models.PositiveBigIntegerField(validators=[MinValueValidator(1)])
     dram_bytes = models.PositiveBigIntegerField(default=0)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.UNKNOWN)
+    cordon = models.CharField(
+        max_length=16, choices=Cordon.choices, blank=True, default=Cordon.NONE, editable=False
+    )
     last_seen = models.DateTimeField(null=True, blank=True)
     state = models.JSONField(default=dict, blank=True)
     state_at = models.DateTimeField(null=True, blank=True)
@@ -189,6 +210,14 @@ class Node(models.Model):
     @property
     def has_engine_token(self) -> bool:
         return bool(self.engine_token_encrypted)
+
+    @property
+    def cordoned(self) -> bool:
+        return self.cordon != self.Cordon.NONE
+
+
+# The node statuses the gateway routes new requests to: up, or not polled yet.
+ROUTABLE_STATUSES = (Node.Status.HEALTHY, Node.Status.UNKNOWN)
 
 
 class Model(models.Model):

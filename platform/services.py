@@ -10,10 +10,11 @@ from __future__ import annotations
 import logging
 import math
 import secrets
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -28,7 +29,8 @@ from shunter.engine.config import ModelSpec, RemapConfig
 from shunter.engine.exec.hf_config import ArchConfig, read_config
 from shunter.engine.exec.hf_config import model_spec_from_config as spec_of_config
 from shunter.platform import selectors
-from shunter.platform.engine_client import EngineClient, EngineError
+from shunter.platform.engine_client import DEFAULT_TIMEOUT_S, EngineClient, EngineError
+from shunter.platform.gateway.routes import ROUTES_CACHE_S
 from shunter.platform.models import Deployment, Model, Node, SloClass
 
 log = logging.getLogger("shunter.platform")
@@ -137,9 +139,10 @@ def model_update(*, model: Model, name: str | None = None, source_dir: str | Non
     _apply_facts(model, model_facts(model.source_dir, name=model.name))
     model.full_clean()
     model.save()
-    for node in Node.objects.filter(deployments__model=model).distinct():
+    nodes = list(Node.objects.filter(deployments__model=model).distinct())
+    for node in nodes:
         _check_node_fit(node, selectors.node_desired_deployments(node=node))
-        _reconcile_on_commit(node.pk)
+    _roll_out_on_commit(node.pk for node in nodes)
     return model
 
 
@@ -169,8 +172,7 @@ def slo_class_update(*, slo_class: SloClass, **fields: Any) -> SloClass:
         setattr(slo_class, field, value)
     slo_class.full_clean()
     slo_class.save()
-    for node_id in set(slo_class.deployments.values_list("node_id", flat=True)):
-        _reconcile_on_commit(node_id)
+    _roll_out_on_commit(slo_class.deployments.values_list("node_id", flat=True))
     return slo_class
 
 
@@ -212,7 +214,7 @@ def node_update(*, node: Node, engine_token: str | None = None, **fields: Any) -
     _check_node_fit(node, selectors.node_desired_deployments(node=node))
     node.save()
     if reach_changed:
-        _reconcile_on_commit(node.pk)
+        _roll_out_on_commit([node.pk])
     return node
 
 
@@ -352,8 +354,7 @@ def _save_deployment(deployment: Deployment, nodes: Iterable[Node]) -> Deploymen
             desired.append(deployment)
         _check_node_fit(node, desired)
     deployment.save()
-    for node in locked:
-        _reconcile_on_commit(node.pk)
+    _roll_out_on_commit(node.pk for node in locked)
     return deployment
 
 
@@ -398,15 +399,21 @@ def deployment_delete(*, deployment: Deployment) -> None:
         )
     node_id = deployment.node_id
     deployment.delete()
-    _reconcile_on_commit(node_id)
+    _roll_out_on_commit([node_id])
 
 
 # -- engine reconcile and poll ----------------------------------------------------------------
-def _reconcile_on_commit(node_id: int) -> None:
-    def enqueue() -> None:
-        from shunter.platform.tasks import node_reconcile_task  # tasks import services
+def _roll_out_on_commit(node_ids: Iterable[int]) -> None:
+    """After the transaction commits, change the engines of ``node_ids`` to serve their
+    desired deployments, drain first and one node at a time (``node_roll_out``)."""
+    ids = sorted(set(node_ids))
+    if not ids:
+        return
 
-        node_reconcile_task.delay(node_id)
+    def enqueue() -> None:
+        from shunter.platform.tasks import nodes_roll_out_task  # tasks import services
+
+        nodes_roll_out_task.delay(ids)
 
     transaction.on_commit(enqueue)
 
@@ -480,6 +487,12 @@ class Polled:
     reconciled: Reconciled | None = None
 
 
+# The longest one poll of a node may take, its calls together: one call's timeout and a
+# second more (an engine that answers at all answers its three calls in milliseconds).
+POLL_BUDGET_S = DEFAULT_TIMEOUT_S + 1.0
+MIN_CALL_S = 0.1
+# What a poll does with an engine that serves another set than desired.
+OnDrift = Literal["change", "queue", "keep"]
 # The deployment limits an engine reports per model (Deployment.engine_limits' keys).
 LIMIT_KEYS = ("kv_floor", "kv_ceiling", "max_context")
 
@@ -531,15 +544,18 @@ def drifted(served: dict[str, dict[str, Any]], desired: dict[str, dict[str, Any]
     )
 
 
-def node_poll(*, node: Node) -> Polled:
+def node_poll(*, node: Node, on_drift: OnDrift = "change") -> Polled:
     """Probe ``node``'s engine: ``/health``, ``/admin/state`` and ``/v1/models``.
 
     Updates status, last_seen, the cached state and the engine's start time. When the
-    engine restarted (its start time changed) or serves another set than the desired one
-    (names, sharing modes, priorities, and the KV bounds and longest context it reports),
-    it is reconciled at once; one reconcile per node runs at a time.
+    engine restarted (its start time changed) it is reconciled at once; one reconcile
+    per node runs at a time. When it serves another set than the desired one (names,
+    sharing modes, priorities, and the KV bounds and longest context it reports), it
+    is changed drain first (``node_change``): here (``on_drift`` "change"), by a task
+    queued for it ("queue"), or not at all ("keep").
 
-    An engine that does not answer (a timeout, a connection cut) is a miss: the node
+    The poll's three calls take at most ``POLL_BUDGET_S`` together. An engine that
+    does not answer in that time (a timeout, a connection cut) is a miss: the node
     keeps its status until ``settings.NODE_POLL_MISSES`` consecutive misses, so one
     slow answer does not take it out of routing. A refused connection (nothing
     listens) or an error status (draining, stalled, a wrong token) marks it unhealthy
@@ -548,12 +564,16 @@ def node_poll(*, node: Node) -> Polled:
     An engine changing its models (``reconciling`` in its state) keeps the node's
     status; only its state is recorded.
     """
-    client = engine_client(node)
+    deadline = time.monotonic() + POLL_BUDGET_S
+
+    def client() -> EngineClient:  # what is left of the budget, for each call
+        return engine_client(node, timeout_s=max(deadline - time.monotonic(), MIN_CALL_S))
+
     try:
-        client.health()
-        state = client.state()
+        client().health()
+        state = client().state()
         reconciling = state.get("reconciling") is True
-        listed = {} if reconciling else client.models()
+        listed = {} if reconciling else client().models()
     except EngineError as e:
         return _poll_missed(node, e)
     cache.delete(_misses_key(node))
@@ -575,7 +595,14 @@ def node_poll(*, node: Node) -> Polled:
     if node.last_error.startswith("poll:"):
         fields["last_error"] = ""
     _node_set(node, **fields)
-    reconciled = _reconcile_once(node) if restarted or drift else None
+    reconciled = None
+    if restarted:  # it serves its start-up set: the desired one goes back at once
+        reconciled = _reconcile_once(node)
+    elif drift and on_drift == "change":
+        changed = node_change(node=node)
+        reconciled = changed.reconciled if changed is not None else None
+    elif drift and on_drift == "queue":
+        _change_later(node)
     return Polled(healthy=True, restarted=restarted, drifted=drift, reconciled=reconciled)
 
 
@@ -624,3 +651,177 @@ def _node_set(node: Node, **fields: Any) -> None:
     Node.objects.filter(pk=node.pk).update(**fields)
     for field, value in fields.items():
         setattr(node, field, value)
+
+
+# -- cordon and drain-first changes ---------------------------------------------------------
+# The longest a change may hold its models: the drain, the reconcile and the polls after.
+CHANGE_LOCK_TTL_S = 300
+# How long a change waits, once the node is cordoned, for every gateway to have read the
+# route table again (a table read just before the cordon serves ``ROUTES_CACHE_S``).
+ROUTES_SETTLE_S = 1.5 * ROUTES_CACHE_S
+# The engine's requests in flight are polled this often while the node drains.
+DRAIN_POLL_S = 0.2
+# Polls after a reconcile until the engine answers healthy with its new set.
+HEALTH_POLLS = 30
+HEALTH_POLL_S = 1.0
+
+
+@transaction.atomic
+def node_cordon(*, node: Node) -> Node:
+    """Take ``node`` out of rotation for maintenance: the gateways route it no new
+    request once they read their route table again (within ``ROUTES_CACHE_S``); the
+    requests in flight finish. It stays cordoned until ``node_uncordon``."""
+    _node_set(node, cordon=Node.Cordon.OPERATOR)
+    log.info("node %s cordoned", node.name)
+    return node
+
+
+@transaction.atomic
+def node_uncordon(*, node: Node) -> Node:
+    """Put ``node`` back in rotation (whoever cordoned it)."""
+    _node_set(node, cordon=Node.Cordon.NONE)
+    log.info("node %s uncordoned", node.name)
+    return node
+
+
+@dataclass(frozen=True)
+class Changed:
+    """A drain-first change of one node: whether it was cordoned for it (not when it
+    holds the only routable replica of a model it serves), whether its requests in
+    flight had finished before the reconcile, the reconcile, and whether the engine
+    answered healthy with the desired set after it."""
+
+    cordoned: bool
+    drained: bool
+    reconciled: Reconciled
+    healthy: bool
+
+
+def node_roll_out(*, node_ids: Sequence[int]) -> list[Changed | None]:
+    """Change each node of ``node_ids`` in turn (``node_change``), each waiting for the
+    models it shares with a change still running: a change of deployments over N nodes
+    takes one replica of a model at a time out of rotation, and the model is served
+    throughout. None for a node that is gone or whose models stayed busy."""
+    results: list[Changed | None] = []
+    for node_id in node_ids:
+        node = Node.objects.filter(pk=node_id).first()
+        changed = None
+        if node is not None:
+            changed = node_change(node=node, wait_s=CHANGE_LOCK_TTL_S)
+        results.append(changed)
+    return results
+
+
+def node_change(*, node: Node, wait_s: float = 0.0) -> Changed | None:
+    """Make ``node``'s engine serve its desired deployments, drain first.
+
+    1. Take the change lock of every model the node serves or will serve, so that one
+       replica of a model changes at a time (waiting up to ``wait_s`` for them; None
+       when they stayed taken).
+    2. Cordon the node when every model it serves has another routable replica (a
+       model's only replica is changed in place: a drain would take it away), wait for
+       the gateways to see it, then for its requests in flight to finish (at most
+       ``settings.NODE_DRAIN_TIMEOUT_S``).
+    3. Reconcile, poll until the engine answers healthy with the desired set.
+    4. Lift the change's cordon (an operator's stays).
+    """
+    served = set(served_set(node.state))
+    desired = selectors.node_desired_deployments(node=node)
+    locks = _take_change_locks(node, served | {d.model.name for d in desired}, wait_s)
+    if locks is None:
+        log.info("node %s: a change of its models is running; this one waits", node.name)
+        return None
+    cordoned = drained = False
+    try:
+        alone = selectors.models_without_other_replica(node=node, model_names=served)
+        if served and not alone:
+            cordoned = _cordon_for_change(node)
+        elif alone:
+            log.info("node %s changes in place: the only replica of %s", node.name, alone)
+        if cordoned:
+            drained = _drain(node)
+        reconciled = node_reconcile(node=node)
+        healthy = _healthy_after_change(node)
+    finally:
+        if cordoned:
+            Node.objects.filter(pk=node.pk, cordon=Node.Cordon.ROLLOUT).update(
+                cordon=Node.Cordon.NONE
+            )
+            node.refresh_from_db(fields=["cordon"])
+        cache.delete_many(locks)
+    log.info(
+        "node %s changed: cordoned %s, drained %s, reconciled %s, healthy %s",
+        node.name,
+        cordoned,
+        drained,
+        reconciled.ok,
+        healthy,
+    )
+    return Changed(cordoned=cordoned, drained=drained, reconciled=reconciled, healthy=healthy)
+
+
+def _take_change_locks(node: Node, model_names: set[str], wait_s: float) -> list[str] | None:
+    """The change locks of ``model_names`` (all or none, retried until ``wait_s``)."""
+    keys = [f"shunter:node-change:model:{name}" for name in sorted(model_names)]
+    deadline = time.monotonic() + wait_s
+    while True:
+        taken = []
+        for key in keys:
+            if not cache.add(key, node.pk, timeout=CHANGE_LOCK_TTL_S):
+                break
+            taken.append(key)
+        else:
+            return keys
+        cache.delete_many(taken)
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(HEALTH_POLL_S)
+
+
+def _cordon_for_change(node: Node) -> bool:
+    """Cordon ``node`` for a change unless it is cordoned already (an operator's
+    cordon is kept, and lifted by the operator); True when this change cordoned it."""
+    cordoned = Node.objects.filter(pk=node.pk, cordon=Node.Cordon.NONE).update(
+        cordon=Node.Cordon.ROLLOUT
+    )
+    node.refresh_from_db(fields=["cordon"])
+    return cordoned == 1
+
+
+def _drain(node: Node) -> bool:
+    """Wait for the gateways to stop routing to cordoned ``node`` and for its engine's
+    requests in flight to finish; False when some were still running at the timeout."""
+    time.sleep(ROUTES_SETTLE_S)
+    client = engine_client(node)
+    deadline = time.monotonic() + settings.NODE_DRAIN_TIMEOUT_S
+    while True:
+        try:
+            live = client.state().get("requests", {}).get("live")
+        except EngineError:
+            return False  # it does not answer: nothing to wait for
+        if live == 0:
+            return True
+        if time.monotonic() >= deadline:
+            log.warning("node %s: %s requests still in flight after the drain", node.name, live)
+            return False
+        time.sleep(DRAIN_POLL_S)
+
+
+def _healthy_after_change(node: Node) -> bool:
+    """Poll ``node`` (changing nothing) until its engine answers healthy, serving the
+    desired set, at most ``HEALTH_POLLS`` times."""
+    for _ in range(HEALTH_POLLS):
+        polled = node_poll(node=node, on_drift="keep")
+        if polled.healthy and not polled.reconciling and not polled.drifted:
+            return True
+        time.sleep(HEALTH_POLL_S)
+    return False
+
+
+def _change_later(node: Node) -> None:
+    """Queue a drain-first change of ``node`` unless one is queued already."""
+    if not cache.add(f"shunter:node-change:queued:{node.pk}", 1, timeout=CHANGE_LOCK_TTL_S):
+        return
+    from shunter.platform.tasks import node_change_task  # tasks import services
+
+    node_change_task.delay(node.pk)

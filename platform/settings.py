@@ -16,6 +16,8 @@ production deployment comes from environment variables:
   DEBUG; secure cookies, HTTPS redirect and HSTS), ``SHUNTER_LOG_LEVEL``.
 - ``SHUNTER_GATEWAY_READ_TIMEOUT_S`` (default 600): how long the gateway waits for an
   engine's whole non-streamed answer before a 504 ``engine_unavailable``.
+- ``SHUNTER_NODE_DRAIN_TIMEOUT_S`` (default 60): how long a change of a node's
+  deployments waits, the node cordoned, for its requests in flight to finish.
 - ``SHUNTER_MAX_SEQUENCES_PER_REQUEST`` (default 128, the engine's default): the most
   sequences (prompts x ``n``) one generation request may run; more is a 400 before
   admission.
@@ -241,9 +243,10 @@ LOGIN_COOLDOWN_S = int(os.environ.get("SHUNTER_LOGIN_COOLDOWN_S", "900"))
 NODE_POLL_MISSES = max(1, int(os.environ.get("SHUNTER_NODE_POLL_MISSES", "3")))
 
 GATEWAY_READ_TIMEOUT_S = float(os.environ.get("SHUNTER_GATEWAY_READ_TIMEOUT_S", "600"))
-GATEWAY_MAX_SEQUENCES_PER_REQUEST = int(
-    os.environ.get("SHUNTER_MAX_SEQUENCES_PER_REQUEST", "128")
-)
+# How long a drain-first change waits for a cordoned node's requests in flight to finish
+# before it changes the node anyway.
+NODE_DRAIN_TIMEOUT_S = float(os.environ.get("SHUNTER_NODE_DRAIN_TIMEOUT_S", "60"))
+GATEWAY_MAX_SEQUENCES_PER_REQUEST = int(os.environ.get("SHUNTER_MAX_SEQUENCES_PER_REQUEST", "128"))
 if GATEWAY_MAX_SEQUENCES_PER_REQUEST < 1:
     raise ImproperlyConfigured("SHUNTER_MAX_SEQUENCES_PER_REQUEST must be at least 1")
 GATEWAY_SPOOL_DIR = Path(os.environ.get("SHUNTER_SPOOL_DIR") or VAR_DIR / "spool").resolve()

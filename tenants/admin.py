@@ -20,22 +20,25 @@ class TenantAdmin(ServiceAdmin):
     list_display = ["name", "default_slo_class", "rpm_limit", "tpm_limit", "is_active"]
     list_filter = ["is_active", "default_slo_class"]
     search_fields = ["name"]
-    filter_horizontal = ["deployments"]
+    filter_horizontal = ["models", "deployments"]
 
     def save_via_service(self, obj: Tenant, form: forms.ModelForm, change: bool) -> Tenant:  # type: ignore[type-arg]
         fields = {n: form.cleaned_data[n] for n in services.TENANT_FIELDS if n in form.cleaned_data}
-        deployments = form.cleaned_data.get("deployments")
+        deployments, models = form.cleaned_data.get("deployments"), form.cleaned_data.get("models")
         if change:
             return services.tenant_update(
-                tenant=Tenant.objects.get(pk=obj.pk), deployments=deployments, **fields
+                tenant=Tenant.objects.get(pk=obj.pk),
+                deployments=deployments,
+                models=models,
+                **fields,
             )
-        return services.tenant_create(deployments=deployments or (), **fields)
+        return services.tenant_create(deployments=deployments or (), models=models or (), **fields)
 
 
 class ApiKeyForm(forms.ModelForm):  # type: ignore[type-arg]
     class Meta:
         model = ApiKey
-        fields = ["tenant", "name", "all_deployments", "scopes", "expires_at"]
+        fields = ["tenant", "name", "all_deployments", "model_scopes", "scopes", "expires_at"]
 
 
 @admin.register(ApiKey)
@@ -54,6 +57,7 @@ class ApiKeyAdmin(ServiceAdmin):
     search_fields = ["name", "prefix", "tenant__name"]
     readonly_fields = ["prefix", "revoked_at", "last_used_at", "created_at"]
     list_select_related = ["tenant"]
+    filter_horizontal = ["model_scopes", "scopes"]
     actions = ["revoke"]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
@@ -67,6 +71,7 @@ class ApiKeyAdmin(ServiceAdmin):
                 api_key=ApiKey.objects.get(pk=obj.pk),
                 name=data["name"],
                 scopes=data.get("scopes") or (),
+                model_scopes=data.get("model_scopes") or (),
                 all_deployments=data["all_deployments"],
                 expires_at=data.get("expires_at"),
                 clear_expiry=data.get("expires_at") is None,
@@ -75,6 +80,7 @@ class ApiKeyAdmin(ServiceAdmin):
             tenant=data["tenant"],
             name=data["name"],
             scopes=data.get("scopes") or (),
+            model_scopes=data.get("model_scopes") or (),
             all_deployments=data["all_deployments"],
             expires_at=data.get("expires_at"),
         )

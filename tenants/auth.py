@@ -127,11 +127,11 @@ def forbidden(message: str, code: str) -> ApiError:
 
 @dataclass(frozen=True)
 class KeyGrant:
-    """What one key may do, as read from the database: its tenant, the deployments it
-    may use (all of the tenant's for an ``all_deployments`` key, else its scopes within
-    the tenant's: none when it has none), its expiry
-    and revocation, the tenant's quotas, and the tenant's SLO class as ``X-Shunter-Slo``
-    (None: its requests take each deployment's class)."""
+    """What one key may do, as read from the database: its tenant, what it may use
+    (``selectors.api_key_deployments`` and ``api_key_models``: the deployments it
+    reached when read, and the models whose every deployment it reaches, one created
+    since too), its expiry and revocation, the tenant's quotas, and the tenant's SLO
+    class as ``X-Shunter-Slo`` (None: its requests take each deployment's class)."""
 
     api_key_id: int
     key_prefix: str
@@ -139,6 +139,7 @@ class KeyGrant:
     tenant_name: str
     tenant_active: bool
     deployment_ids: frozenset[int]
+    model_names: frozenset[str]
     expires_at: datetime | None
     revoked: bool
     limits: Limits
@@ -153,13 +154,16 @@ class KeyGrant:
         if not self.tenant_active:
             raise forbidden("This API key's tenant is not active.", "tenant_inactive")
 
-    def may_use(self, deployment_id: int) -> bool:
-        return deployment_id in self.deployment_ids
+    def may_use(self, deployment_id: int, model_name: str) -> bool:
+        """Whether the key may use deployment ``deployment_id``, which serves
+        ``model_name``."""
+        return deployment_id in self.deployment_ids or model_name in self.model_names
 
 
 def load_grant(secret: str) -> KeyGrant | None:
     """The grant of ``secret`` from the database, None if no key has its digest."""
     from shunter.tenants.models import ApiKey
+    from shunter.tenants.selectors import api_key_deployments, api_key_models
 
     key = (
         ApiKey.objects.select_related("tenant__default_slo_class")
@@ -169,16 +173,15 @@ def load_grant(secret: str) -> KeyGrant | None:
     if key is None or not hmac.compare_digest(secret_digest(secret), key.digest):
         return None
     tenant = key.tenant
-    allowed = set(tenant.deployments.values_list("pk", flat=True))
-    if not key.all_deployments:
-        allowed &= set(key.scopes.values_list("pk", flat=True))
+    deployments = api_key_deployments(api_key=key).order_by().values_list("pk", flat=True)
     return KeyGrant(
         api_key_id=key.pk,
         key_prefix=key.prefix,
         tenant_id=tenant.pk,
         tenant_name=tenant.name,
         tenant_active=tenant.is_active,
-        deployment_ids=frozenset(allowed),
+        deployment_ids=frozenset(deployments),
+        model_names=frozenset(api_key_models(api_key=key).values_list("name", flat=True)),
         expires_at=key.expires_at,
         revoked=key.revoked_at is not None,
         limits=Limits.of(tenant),

@@ -13,7 +13,7 @@ from datetime import datetime
 from django.db import models
 from django.utils import timezone
 
-from shunter.platform.models import Deployment, SloClass, TenantScopedQuerySet
+from shunter.platform.models import Deployment, Model, SloClass, TenantScopedQuerySet
 
 KEY_PREFIX = "sk-shunter-"
 KEY_DISPLAY_CHARS = 16  # the prefix shown in lists: "sk-shunter-" and five more
@@ -24,9 +24,12 @@ class TenantQuerySet(TenantScopedQuerySet):
 
 
 class Tenant(models.Model):
-    """A customer: its SLO class, the deployments it may use, and its quotas (None:
-    unlimited). ``token_budget`` counts prompt plus completion tokens per
-    ``budget_period``.
+    """A customer: its SLO class, what it may use, and its quotas (None: unlimited).
+    ``token_budget`` counts prompt plus completion tokens per ``budget_period``.
+
+    It may use every deployment of its ``models`` (granted by name: a deployment added
+    later is covered at once) and its ``deployments`` (granted one by one: pinned to a
+    node); ``Deployment.objects.restrict(tenant)`` is that rule.
 
     ``default_slo_class``, when set, is the class of all the tenant's requests (the
     targets the engine schedules them by and the records judge them against); when
@@ -40,7 +43,6 @@ class Tenant(models.Model):
     default_slo_class = models.ForeignKey(
         SloClass, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
     )
-    deployments = models.ManyToManyField(Deployment, blank=True, related_name="tenants")
     rpm_limit = models.PositiveIntegerField(null=True, blank=True)
     tpm_limit = models.PositiveIntegerField(null=True, blank=True)
     concurrency_limit = models.PositiveIntegerField(null=True, blank=True)
@@ -50,6 +52,9 @@ class Tenant(models.Model):
     )
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    deployments = models.ManyToManyField(Deployment, blank=True, related_name="tenants")
+    # Last: from here on the class body's ``models`` is this field, not django.db.models.
+    models = models.ManyToManyField(Model, blank=True, related_name="tenants")
 
     class Meta:
         ordering = ["name"]
@@ -71,15 +76,18 @@ class ApiKey(models.Model):
     """A tenant's key. Only ``prefix`` (shown in lists) and the SHA-256 ``digest`` of the
     whole secret are stored; the secret is shown once, at creation.
 
-    A key reaches every deployment of its tenant when ``all_deployments`` is set (it then
-    has no ``scopes``), else exactly its ``scopes`` that are still the tenant's: empty
-    scopes reach nothing, so a key never gains access by losing a scope."""
+    A key reaches every deployment its tenant may use when ``all_deployments`` is set (it
+    then has no scopes), else those of them that are in its ``scopes`` or of a model in
+    its ``model_scopes`` (every deployment of it, now and later). Scopes stay within
+    what the tenant may use; a key without scopes reaches nothing, so a key never gains
+    access by losing a scope."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
     name = models.CharField(max_length=128)
     prefix = models.CharField(max_length=KEY_DISPLAY_CHARS, unique=True, editable=False)
     digest = models.CharField(max_length=64, unique=True, editable=False)
     scopes = models.ManyToManyField(Deployment, blank=True, related_name="+")
+    model_scopes = models.ManyToManyField(Model, blank=True, related_name="+")
     all_deployments = models.BooleanField(default=False)
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True, editable=False)

@@ -7,20 +7,45 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db.models import QuerySet, Sum
+from django.db.models import Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
 
-from shunter.platform.models import Deployment, SloClass
+from shunter.platform.models import Deployment, Model, SloClass
 from shunter.tenants.models import ApiKey, RequestRecord, Tenant, UsageRollup
 
 
 def tenant_list() -> QuerySet[Tenant]:
-    return Tenant.objects.select_related("default_slo_class").prefetch_related("deployments")
+    return Tenant.objects.select_related("default_slo_class").prefetch_related(
+        "deployments", "models"
+    )
 
 
 def tenant_deployments(*, tenant: Tenant | int | None) -> QuerySet[Deployment]:
-    """The deployments ``tenant`` may use (all, for None)."""
+    """The deployments ``tenant`` may use: those granted and those of its granted models
+    (all, for None)."""
     return Deployment.objects.restrict(tenant).select_related("node", "model", "slo_class")
+
+
+def api_key_deployments(*, api_key: ApiKey) -> QuerySet[Deployment]:
+    """The deployments ``api_key`` reaches now: every one its tenant may use for an
+    ``all_deployments`` key, else those of them in its ``scopes`` or of a model in its
+    ``model_scopes``."""
+    usable = Deployment.objects.restrict(api_key.tenant_id)
+    if api_key.all_deployments:
+        return usable
+    return usable.filter(
+        Q(pk__in=api_key.scopes.values("pk")) | Q(model__in=api_key.model_scopes.values("pk"))
+    )
+
+
+def api_key_models(*, api_key: ApiKey) -> QuerySet[Model]:
+    """The models whose every deployment, now and later, ``api_key`` reaches: its
+    tenant's granted models, all of them for an ``all_deployments`` key, else those in
+    its ``model_scopes``."""
+    granted = Model.objects.filter(tenants=api_key.tenant_id)
+    if api_key.all_deployments:
+        return granted
+    return granted.filter(pk__in=api_key.model_scopes.values("pk"))
 
 
 def request_slo_class(tenant: Tenant, deployment: Deployment | None) -> SloClass | None:
@@ -32,7 +57,7 @@ def request_slo_class(tenant: Tenant, deployment: Deployment | None) -> SloClass
 
 
 def api_key_list(*, tenant: Tenant | int | None = None) -> QuerySet[ApiKey]:
-    return ApiKey.objects.restrict(tenant).prefetch_related("scopes")
+    return ApiKey.objects.restrict(tenant).prefetch_related("scopes", "model_scopes")
 
 
 def request_record_list(

@@ -17,7 +17,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from shunter.platform.models import Deployment, SloClass
+from shunter.platform.models import Deployment, Model, SloClass
 from shunter.tenants.keys import new_secret, secret_digest, secret_prefix
 from shunter.tenants.models import ApiKey, RequestRecord, Tenant, UsageRollup
 from shunter.tenants.selectors import request_slo_class
@@ -43,12 +43,13 @@ def tenant_create(
     name: str,
     default_slo_class: SloClass | None = None,
     deployments: Iterable[Deployment] = (),
+    models: Iterable[Model] = (),
     **quotas: Any,
 ) -> Tenant:
-    """A new tenant allowed ``deployments``, its requests of ``default_slo_class`` (None:
-    of each deployment's class); ``quotas`` are the remaining Tenant fields
-    (``rpm_limit``, ``tpm_limit``, ``concurrency_limit``, ``token_budget``,
-    ``budget_period``, ``is_active``)."""
+    """A new tenant allowed every deployment of ``models`` (now and later) and
+    ``deployments``, its requests of ``default_slo_class`` (None: of each deployment's
+    class); ``quotas`` are the remaining Tenant fields (``rpm_limit``, ``tpm_limit``,
+    ``concurrency_limit``, ``token_budget``, ``budget_period``, ``is_active``)."""
     unknown = set(quotas) - TENANT_FIELDS
     if unknown:
         raise TypeError(f"tenant_create() got unexpected fields {sorted(unknown)}")
@@ -56,17 +57,22 @@ def tenant_create(
     tenant.full_clean()
     tenant.save()
     tenant.deployments.set(list(deployments))
+    tenant.models.set(list(models))
     return tenant
 
 
 @transaction.atomic
 def tenant_update(
-    *, tenant: Tenant, deployments: Iterable[Deployment] | None = None, **fields: Any
+    *,
+    tenant: Tenant,
+    deployments: Iterable[Deployment] | None = None,
+    models: Iterable[Model] | None = None,
+    **fields: Any,
 ) -> Tenant:
-    """Change the given fields; ``deployments`` (when given) replaces the allowed set and
-    drops the scopes of the tenant's keys that fall outside it. A key left without scopes
-    reaches nothing (never everything): it is logged, and reaches again what its scopes
-    are changed to."""
+    """Change the given fields; ``deployments`` and ``models`` (when given) replace the
+    granted ones, and the scopes of the tenant's keys that fall outside what it may then
+    use are dropped. A key left without scopes reaches nothing (never everything): it is
+    logged, and reaches again what its scopes are changed to."""
     unknown = set(fields) - TENANT_FIELDS
     if unknown:
         raise TypeError(f"tenant_update() got unexpected fields {sorted(unknown)}")
@@ -75,43 +81,71 @@ def tenant_update(
     tenant.full_clean()
     tenant.save()
     if deployments is not None:
-        allowed = list(deployments)
-        tenant.deployments.set(allowed)
-        # A key's scopes stay a subset of what its tenant may use.
-        for key in tenant.api_keys.prefetch_related("scopes"):
-            scopes = list(key.scopes.all())
-            outside = [d for d in scopes if d not in allowed]
-            if not outside:
-                continue
-            key.scopes.remove(*outside)
-            if len(outside) == len(scopes) and key.revoked_at is None:
-                log.warning(
-                    "key %s… of tenant %r lost its last scope (%s): it reaches no deployment",
-                    key.prefix,
-                    tenant.name,
-                    ", ".join(str(d) for d in outside),
-                )
+        tenant.deployments.set(list(deployments))
+    if models is not None:
+        tenant.models.set(list(models))
+    if deployments is not None or models is not None:
+        _narrow_key_scopes(tenant)
     return tenant
 
 
+def _narrow_key_scopes(tenant: Tenant) -> None:
+    """Drop the scopes of ``tenant``'s keys that it may no longer use: a key's scopes
+    stay within its tenant's grants."""
+    usable = set(Deployment.objects.restrict(tenant).values_list("pk", flat=True))
+    granted = set(tenant.models.values_list("pk", flat=True))
+    for key in tenant.api_keys.prefetch_related("scopes", "model_scopes"):
+        scopes, model_scopes = list(key.scopes.all()), list(key.model_scopes.all())
+        outside = [d for d in scopes if d.pk not in usable]
+        models_outside = [m for m in model_scopes if m.pk not in granted]
+        if not outside and not models_outside:
+            continue
+        key.scopes.remove(*outside)
+        key.model_scopes.remove(*models_outside)
+        lost = len(outside) + len(models_outside)
+        if lost == len(scopes) + len(model_scopes) and key.revoked_at is None:
+            log.warning(
+                "key %s… of tenant %r lost its last scope (%s): it reaches no deployment",
+                key.prefix,
+                tenant.name,
+                ", ".join(str(scope) for scope in [*models_outside, *outside]),
+            )
+
+
 # -- API keys ------------------------------------------------------------------------------
-def _check_scopes(tenant: Tenant, scopes: list[Deployment], all_deployments: bool) -> None:
-    """A key reaches all of its tenant's deployments or some of them, never none (at
-    creation or by an edit; losing deployments can leave a key with none)."""
-    if all_deployments and scopes:
+def _check_scopes(
+    tenant: Tenant, scopes: list[Deployment], model_scopes: list[Model], all_deployments: bool
+) -> None:
+    """A key reaches everything its tenant may use or some of it, never nothing (at
+    creation or by an edit; a tenant that loses grants can leave a key with none): its
+    ``scopes`` among the deployments the tenant may use, its ``model_scopes`` among the
+    tenant's granted models."""
+    if all_deployments and (scopes or model_scopes):
         raise ValidationError(
             {"scopes": "A key that reaches all deployments has no scopes; give one or the other."}
         )
-    if not all_deployments and not scopes:
+    if not all_deployments and not scopes and not model_scopes:
         raise ValidationError(
-            {"scopes": "Give the deployments this key may use, or set all_deployments."}
+            {"scopes": "Give the deployments or models this key may use, or set all_deployments."}
         )
-    allowed = set(tenant.deployments.values_list("pk", flat=True))
-    outside = sorted(str(d) for d in scopes if d.pk not in allowed)
-    if outside:
-        raise ValidationError(
-            {"scopes": f"Not among tenant {tenant.name!r}'s deployments: {', '.join(outside)}."}
-        )
+    errors: dict[str, str] = {}
+    if scopes:
+        usable = set(Deployment.objects.restrict(tenant).values_list("pk", flat=True))
+        outside = sorted(str(d) for d in scopes if d.pk not in usable)
+        if outside:
+            errors["scopes"] = (
+                f"Not among tenant {tenant.name!r}'s deployments: {', '.join(outside)}."
+            )
+    if model_scopes:
+        granted = set(tenant.models.values_list("pk", flat=True))
+        outside = sorted(m.name for m in model_scopes if m.pk not in granted)
+        if outside:
+            errors["model_scopes"] = (
+                f"Not among tenant {tenant.name!r}'s models: {', '.join(outside)}. "
+                "Grant the tenant the model first."
+            )
+    if errors:
+        raise ValidationError(errors)
 
 
 @transaction.atomic
@@ -120,17 +154,19 @@ def api_key_create(
     tenant: Tenant,
     name: str,
     scopes: Iterable[Deployment] = (),
+    model_scopes: Iterable[Model] = (),
     all_deployments: bool = False,
     expires_at: datetime | None = None,
 ) -> tuple[ApiKey, str]:
     """A new key of ``tenant`` and its secret. The secret is returned here once and never
     stored: the database keeps its first characters and its SHA-256 digest.
 
-    The key reaches either every deployment of the tenant (``all_deployments``, no
-    ``scopes``) or its ``scopes``, which must be among the tenant's deployments.
+    The key reaches either every deployment the tenant may use (``all_deployments``, no
+    scopes) or its ``scopes`` (deployments the tenant may use) and every deployment of
+    its ``model_scopes`` (models granted to the tenant).
     """
-    scopes = list(scopes)
-    _check_scopes(tenant, scopes, all_deployments)
+    scopes, model_scopes = list(scopes), list(model_scopes)
+    _check_scopes(tenant, scopes, model_scopes, all_deployments)
     if expires_at is not None and expires_at <= timezone.now():
         raise ValidationError({"expires_at": "The expiry must be in the future."})
     # The displayed prefix has 30 random bits: collisions are rare but possible, so a
@@ -152,6 +188,7 @@ def api_key_create(
         except IntegrityError:
             continue
         key.scopes.set(scopes)
+        key.model_scopes.set(model_scopes)
         return key, secret
     raise RuntimeError("could not draw an unused key prefix")
 
@@ -162,13 +199,14 @@ def api_key_update(
     api_key: ApiKey,
     name: str | None = None,
     scopes: Iterable[Deployment] | None = None,
+    model_scopes: Iterable[Model] | None = None,
     all_deployments: bool | None = None,
     expires_at: datetime | None = None,
     clear_expiry: bool = False,
 ) -> ApiKey:
-    """Rename a key, replace its scopes or its ``all_deployments`` flag (the result must
-    reach all deployments or some, as at creation), or change its expiry
-    (``clear_expiry``: none)."""
+    """Rename a key, replace its scopes, its model scopes or its ``all_deployments`` flag
+    (the result must reach all deployments or some, as at creation), or change its
+    expiry (``clear_expiry``: none)."""
     if name is not None:
         api_key.name = name
     if clear_expiry:
@@ -177,10 +215,12 @@ def api_key_update(
         api_key.expires_at = expires_at
     if all_deployments is not None:
         api_key.all_deployments = all_deployments
-    if scopes is not None or all_deployments is not None:
+    if scopes is not None or model_scopes is not None or all_deployments is not None:
         scopes = list(api_key.scopes.all() if scopes is None else scopes)
-        _check_scopes(api_key.tenant, scopes, api_key.all_deployments)
+        model_scopes = list(api_key.model_scopes.all() if model_scopes is None else model_scopes)
+        _check_scopes(api_key.tenant, scopes, model_scopes, api_key.all_deployments)
         api_key.scopes.set(scopes)
+        api_key.model_scopes.set(model_scopes)
     api_key.full_clean(exclude=["prefix", "digest"])
     api_key.save()
     return api_key

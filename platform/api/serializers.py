@@ -40,7 +40,9 @@ class SloClassSerializer(ServiceSerializer):
 
 class NodeSerializer(ServiceSerializer):
     """A node. ``engine_token`` is write-only (stored encrypted; omit it to keep the
-    stored one, send '' to clear it); ``has_engine_token`` says whether one is set."""
+    stored one, send '' to clear it); ``has_engine_token`` says whether one is set;
+    ``cordon`` is '' in rotation, ``operator`` or ``rollout`` when cordoned (changed
+    through the ``cordon`` and ``uncordon`` actions)."""
 
     engine_token = serializers.CharField(
         write_only=True,
@@ -62,6 +64,7 @@ class NodeSerializer(ServiceSerializer):
             "hbm_bytes",
             "dram_bytes",
             "status",
+            "cordon",
             "last_seen",
             "state_at",
             "engine_started",
@@ -70,6 +73,7 @@ class NodeSerializer(ServiceSerializer):
         read_only_fields = [
             "has_engine_token",
             "status",
+            "cordon",
             "last_seen",
             "state_at",
             "engine_started",

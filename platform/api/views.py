@@ -31,7 +31,7 @@ class SloClassViewSet(ServiceModelViewSet):
 class NodeFilter(filters.FilterSet):  # type: ignore[misc]
     class Meta:
         model = Node
-        fields = ["name", "status"]
+        fields = ["name", "status", "cordon"]
 
 
 class NodeViewSet(ServiceModelViewSet):
@@ -53,6 +53,20 @@ class NodeViewSet(ServiceModelViewSet):
         """Push the node's enabled deployments to its engine now."""
         result = services.node_reconcile(node=self.get_object())
         return Response(s.ReconcileSerializer(result).data)
+
+    @extend_schema(request=None, responses=s.NodeSerializer)
+    @action(detail=True, methods=["post"])
+    def cordon(self, request: Request, pk: Any = None) -> Response:
+        """Route no new request to the node (those in flight finish) until uncordoned."""
+        node = services.node_cordon(node=self.get_object())
+        return Response(s.NodeSerializer(node).data)
+
+    @extend_schema(request=None, responses=s.NodeSerializer)
+    @action(detail=True, methods=["post"])
+    def uncordon(self, request: Request, pk: Any = None) -> Response:
+        """Put the node back in rotation."""
+        node = services.node_uncordon(node=self.get_object())
+        return Response(s.NodeSerializer(node).data)
 
     @extend_schema(request=None, responses=s.PollSerializer)
     @action(detail=True, methods=["post"])

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -116,9 +116,9 @@ def _compare(
     engine, engine_url = start_engine(model_dir, ENGINE_KV_TOKENS, threads)
     gateway, tenant = None, None
     try:
-        secret, tenant = _register(platform.env, engine_url, model_dir)
+        secret, tenant = register_model(platform.env, [engine_url], model_dir)
         log = Path(platform.env["SHUNTER_VAR_DIR"]) / "gateway.log"
-        gateway, gateway_url = _start_gateway(platform.env, log)
+        gateway, gateway_url = start_gateway(platform.env, log)
         with urllib.request.urlopen(gateway_url + "/healthz", timeout=10) as r:
             health = json.load(r)
         yield (
@@ -168,7 +168,7 @@ def _compare(
         engine.terminate()
         engine.wait(timeout=60)
         if tenant is not None and platform.env.get("REDIS_URL"):
-            _forget_quotas(platform.env["REDIS_URL"], tenant)
+            forget_quotas(platform.env["REDIS_URL"], tenant)
 
 
 def _base_env(var_dir: Path) -> dict[str, str]:
@@ -270,9 +270,12 @@ def _redacted(url: str) -> str:
     return parts._replace(netloc=f"{host}{port}", query="").geturl()
 
 
-def _register(env: Mapping[str, str], engine_url: str, model_dir: Path) -> tuple[str, str]:
-    """Migrate the throwaway platform and register the engine's model for one tenant;
-    return the tenant key's secret and the tenant's id."""
+def register_model(
+    env: Mapping[str, str], engine_urls: Sequence[str], model_dir: Path
+) -> tuple[str, str]:
+    """Migrate the throwaway platform and register the model of the engines at
+    ``engine_urls`` (a node and a deployment each) for one tenant; return the tenant
+    key's secret and the tenant's id."""
     for name in NOT_INHERITED:
         os.environ.pop(name, None)
     os.environ.update(env)
@@ -287,16 +290,22 @@ def _register(env: Mapping[str, str], engine_url: str, model_dir: Path) -> tuple
     from shunter.tenants.services import api_key_create, tenant_create
 
     call_command("migrate", interactive=False, verbosity=0)
-    node = node_create(name="bench", engine_url=engine_url, hbm_bytes=80 * 1024**3)
     model = model_create(name=MODEL, source_dir=str(model_dir))
     slo = SloClass.objects.get(name="standard")
-    # The engine already serves the model: the row is written directly, with no push of
-    # the node's deployments to the engine (the services would reconcile it).
-    deployment = Deployment.objects.create(node=node, model=model, slo_class=slo)
+    # The engines already serve the model: the rows are written directly, with no push
+    # of the nodes' deployments to the engines (the services would reconcile them).
+    deployments = [
+        Deployment.objects.create(
+            node=node_create(name=f"bench-{i}", engine_url=url, hbm_bytes=80 * 1024**3),
+            model=model,
+            slo_class=slo,
+        )
+        for i, url in enumerate(engine_urls)
+    ]
     tenant = tenant_create(
         name="bench",
         default_slo_class=slo,
-        deployments=[deployment],
+        deployments=deployments,
         rpm_limit=1_000_000,
         tpm_limit=1_000_000_000,
         concurrency_limit=10_000,
@@ -306,7 +315,7 @@ def _register(env: Mapping[str, str], engine_url: str, model_dir: Path) -> tuple
     return secret, str(tenant.pk)
 
 
-def _forget_quotas(redis_url: str, tenant: str) -> None:
+def forget_quotas(redis_url: str, tenant: str) -> None:
     """Delete the run's quota counts from Redis (a REDIS_URL given is not flushed)."""
     from shunter.tenants.quotas import RedisQuotaLimiter
 
@@ -320,7 +329,7 @@ def _forget_quotas(redis_url: str, tenant: str) -> None:
     asyncio.run(forget())
 
 
-def _start_gateway(env: Mapping[str, str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_gateway(env: Mapping[str, str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
     """``shunter web`` on a free loopback port, once its /healthz answers."""
     port = free_port()
     shunter = Path(sys.executable).with_name("shunter")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from shunter.engine.benchfigure import add_json_argument  # standard library only
@@ -38,6 +39,30 @@ def add_bench_gateway_parser(benches: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--streams", type=int, default=32, help="concurrent streams (default 32)")
     p.add_argument("--requests", type=int, default=32, help="requests per round (default 32)")
     p.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="2 or more: serve the model on that many engines (nodes) and measure a steady "
+        "load through the gateway with the first engine killed (SIGKILL) mid-run against "
+        "none killed: served, failed and cut requests and P99 TTFT (target: no new request "
+        "fails)",
+    )
+    p.add_argument(
+        "--clients", type=int, default=8, help="with --replicas: closed-loop clients (default 8)"
+    )
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=20.0,
+        help="with --replicas: seconds per phase (default 20)",
+    )
+    p.add_argument(
+        "--kill-at",
+        type=float,
+        default=0.5,
+        help="with --replicas: when the engine is killed, as a share of the phase (default 0.5)",
+    )
+    p.add_argument(
         "--embedded",
         action="store_true",
         help="run the gateway on the embedded platform (SQLite, in-process quotas) instead "
@@ -48,18 +73,34 @@ def add_bench_gateway_parser(benches: argparse._SubParsersAction[Any]) -> None:
 
 
 def cmd_bench_gateway(ns: argparse.Namespace) -> int:
+    from shunter.engine.benchfigure import ReportItem
     from shunter.platform.gateway.bench import BenchError, bench_gateway
+    from shunter.platform.gateway.bench_failover import bench_gateway_failover
 
-    report = bench_gateway(
-        model_dir=ns.model,
-        streams=ns.streams,
-        requests=ns.requests,
-        prompt_tokens=ns.prompt_tokens,
-        max_tokens=ns.max_tokens,
-        threads=ns.threads,
-        rounds=ns.rounds,
-        embedded=ns.embedded,
-    )
+    report: Iterator[ReportItem]
+    if ns.replicas >= 2:
+        report = bench_gateway_failover(
+            model_dir=ns.model,
+            replicas=ns.replicas,
+            clients=ns.clients,
+            duration_s=ns.duration,
+            kill_at=ns.kill_at,
+            prompt_tokens=ns.prompt_tokens,
+            max_tokens=ns.max_tokens,
+            threads=ns.threads,
+            embedded=ns.embedded,
+        )
+    else:
+        report = bench_gateway(
+            model_dir=ns.model,
+            streams=ns.streams,
+            requests=ns.requests,
+            prompt_tokens=ns.prompt_tokens,
+            max_tokens=ns.max_tokens,
+            threads=ns.threads,
+            rounds=ns.rounds,
+            embedded=ns.embedded,
+        )
     try:
         return print_report(report, ns.json)
     except BenchError as e:

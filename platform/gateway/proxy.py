@@ -11,6 +11,14 @@ early counts the tokens the engine last reported, however many shared a chunk. T
 usage reaches the client only as it asked for it. A stream that ends before any usage
 counts the prompt the engine reported in ``X-Shunter-Prompt-Tokens``.
 
+A request that failed before a byte of it reached the client (the engine refused the
+connection, reset it, answered 503 or said it does not serve the model: it is
+reloading) is sent once more to another replica of the model, and the failed one
+cools (``balancer``). An engine that sends no byte for ``first_byte_s`` (a few times
+the deployment's TTFT target) is probed on ``/health``: one that does not answer is
+hung (stopped, wedged), and the request moves on the same way instead of waiting out
+the read timeout; an engine that answers is only slow, and is waited for.
+
 Reads time out: an engine streams an event or a keep-alive comment every few seconds,
 so a stream silent for ``STREAM_IDLE_S`` is ended like a broken one (a terminating
 ``engine_unavailable`` event); a non-streamed answer may take up to the
@@ -47,7 +55,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -72,10 +80,44 @@ CONNECT_TIMEOUT_S = 1.0
 # Tries of a request that fails before its first byte reached the client: the first
 # replica, then one other.
 MAX_ATTEMPTS = 2
+# A request without a byte of answer after this many times its TTFT target (and at
+# least FIRST_BYTE_MIN_S) has its engine probed: an engine serving within its SLO
+# class sends a stream's head at admission and far inside its TTFT target.
+FIRST_BYTE_TTFTS = 4.0
+FIRST_BYTE_MIN_S = 2.0
+# A health probe unanswered this long: the engine is hung (the control plane's poll
+# gives an engine's calls as long: ``engine_client.DEFAULT_TIMEOUT_S``).
+HEALTH_PROBE_S = 2.0
 # The longest silence of a stream (no event, no keep-alive) before it counts as broken.
 STREAM_IDLE_S = 30.0
 PROMPT_TOKENS_HEADER = "X-Shunter-Prompt-Tokens"
 DONE = b"data: [DONE]\n\n"
+
+
+class EngineHung(Exception):
+    """An engine that holds a request without a byte of answer and does not answer its
+    health probe either (stopped, wedged)."""
+
+
+def first_byte_s(route: Route) -> float:
+    """How long a request waits for its engine's first byte before the gateway asks
+    whether the engine is alive: ``FIRST_BYTE_TTFTS`` times the deployment's TTFT
+    target, at least ``FIRST_BYTE_MIN_S``."""
+    return max(FIRST_BYTE_MIN_S, FIRST_BYTE_TTFTS * route.ttft_ms / 1000)
+
+
+async def engine_answers(route: Route) -> bool:
+    """Whether ``route``'s engine answers ``GET /health`` (any status: a draining engine
+    answers) within ``HEALTH_PROBE_S``."""
+    try:
+        async with sessions.get().get(
+            f"{route.engine_url}/health",
+            timeout=aiohttp.ClientTimeout(total=HEALTH_PROBE_S),
+        ) as reply:
+            await reply.read()
+    except (aiohttp.ClientError, TimeoutError, OSError):
+        return False
+    return True
 
 
 def read_timeout(read_s: float | None) -> aiohttp.ClientTimeout:
@@ -235,15 +277,20 @@ class Exchange:
         while True:
             tried.add(self.route.deployment_id)
             self._send_to(self.route)
+            post = sessions.get().post(
+                engine_url(self.route, path),
+                data=data,
+                headers=self._upstream_headers(),
+                timeout=read_timeout(read_s),
+            )
             try:
-                upstream = await sessions.get().post(
-                    engine_url(self.route, path),
-                    data=data,
-                    headers=self._upstream_headers(),
-                    timeout=read_timeout(read_s),
-                )
+                upstream = await self._first_byte(post, tried)
             except aiohttp.SocketTimeoutError as e:
                 return self._timed_out(read_s, e)
+            except EngineHung as e:
+                if await self._fail_over(tried, e):
+                    continue
+                return self._unavailable(str(e), e)
             except (aiohttp.ClientError, TimeoutError, OSError) as e:
                 if await self._fail_over(tried, e):
                     continue
@@ -270,6 +317,46 @@ class Exchange:
             return self._decorate(reply)
         return await self._collect(upstream)
 
+    async def _first_byte(
+        self, post: Awaitable[aiohttp.ClientResponse], tried: set[int]
+    ) -> aiohttp.ClientResponse:
+        """The engine's response once its head arrives. While it has not, the engine is
+        asked ``/health`` every ``first_byte_s(route)``: one that does not answer is
+        hung (``EngineHung``) when another replica can take the request, or after
+        ``settings.NODE_POLL_MISSES`` unanswered probes in a row when none can; one
+        that answers is slow (queued, a long answer not streamed) and is waited for."""
+        answer = asyncio.ensure_future(post)
+        watch_s = first_byte_s(self.route)
+        unanswered = 0
+        try:
+            while True:
+                done, _ = await asyncio.wait({answer}, timeout=watch_s)
+                if done:
+                    return answer.result()
+                if await engine_answers(self.route):
+                    unanswered = 0
+                    continue
+                unanswered += 1
+                if unanswered >= settings.NODE_POLL_MISSES or await self._other_replica(tried):
+                    raise EngineHung(
+                        f"The engine of {self.route.model_name!r} on node "
+                        f"{self.route.node_name!r} sent nothing for {watch_s:g} s and does not "
+                        f"answer its health probe"
+                    )
+        finally:
+            if not answer.done():
+                answer.cancel()
+
+    async def _other_replica(self, tried: set[int]) -> Route | None:
+        """Another routable replica of the request's model, not ``tried``, while this
+        request may be tried again (``MAX_ATTEMPTS``)."""
+        if len(tried) >= MAX_ATTEMPTS:
+            return None
+        try:
+            return await routes.choose(self.grant, self.route.model_name, exclude=tried)
+        except ApiError:
+            return None
+
     def _send_to(self, route: Route) -> None:
         """Count this request in flight on ``route`` (and no longer on the one before)."""
         if self._sent_to is not None:
@@ -283,11 +370,8 @@ class Exchange:
         none to try."""
         failed = self.route
         routes.balancer.cool_down(failed.deployment_id)
-        if len(tried) >= MAX_ATTEMPTS:
-            return False
-        try:
-            route = await routes.choose(self.grant, failed.model_name, exclude=tried)
-        except ApiError:
+        route = await self._other_replica(tried)
+        if route is None:
             return False
         log.warning(
             "node %r failed request %s before its first byte (%s); retrying on node %r",

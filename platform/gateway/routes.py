@@ -21,11 +21,11 @@ from typing import Any
 
 from shunter.platform.gateway.balancer import Balancer
 from shunter.platform.gateway.errors import engine_unavailable, model_not_found
+from shunter.platform.models import ROUTABLE_STATUSES
 from shunter.tenants.auth import REFRESH_AT, KeyGrant, await_read, forbidden, submit_db
 
 ROUTES_CACHE_S = 2.0
 MIN_READ_S = 0.2
-ROUTABLE_STATUSES = ("healthy", "unknown")
 
 
 @dataclass(frozen=True)
@@ -41,10 +41,14 @@ class Route:
     engine_url: str
     engine_token: str
     slo_header: str  # the deployment's SLO class as ``X-Shunter-Slo``
+    ttft_ms: int  # that class's TTFT target
+    node_cordoned: bool = False
 
     @property
     def routable(self) -> bool:
-        return self.enabled and self.node_status in ROUTABLE_STATUSES
+        """Whether new requests may go here: enabled, on a node that is up (or not
+        polled yet) and not cordoned."""
+        return self.enabled and self.node_status in ROUTABLE_STATUSES and not self.node_cordoned
 
 
 def load_routes() -> dict[str, list[Route]]:
@@ -63,6 +67,8 @@ def load_routes() -> dict[str, list[Route]]:
             engine_url=d.node.engine_url.rstrip("/"),
             engine_token=d.node.engine_token(),
             slo_header=d.slo_class.header(),
+            ttft_ms=d.slo_class.ttft_ms,
+            node_cordoned=d.node.cordoned,
         )
         table.setdefault(route.model_name, []).append(route)
     return table
@@ -134,19 +140,19 @@ class RouteTable:
             route
             for name in sorted(table)
             for route in table[name]
-            if route.enabled and grant.may_use(route.deployment_id)
+            if route.enabled and grant.may_use(route.deployment_id, route.model_name)
         ]
 
     async def choose(self, grant: KeyGrant, model: str, exclude: Collection[int] = ()) -> Route:
         """A deployment of ``model`` for ``grant``: 404 ``model_not_found`` when no
         deployment serves that name, 403 when none is the key's, 503
-        ``engine_unavailable`` when the key's are disabled, on unhealthy nodes or
-        ``exclude``d (tried already). Among several routable deployments the
+        ``engine_unavailable`` when the key's are disabled, on unhealthy or cordoned
+        nodes or ``exclude``d (tried already). Among several routable deployments the
         ``balancer`` picks the one with the fewest requests in flight, not cooling."""
         routes = (await self.table(grant)).get(model)
         if not routes:
             raise model_not_found(model)
-        mine = [r for r in routes if grant.may_use(r.deployment_id)]
+        mine = [r for r in routes if grant.may_use(r.deployment_id, r.model_name)]
         if not mine:
             raise forbidden(f"This API key may not use the model {model!r}.", "model_not_allowed")
         route = self.balancer.pick([r for r in mine if r.routable], exclude)

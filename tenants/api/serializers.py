@@ -7,15 +7,26 @@ from typing import Any
 from rest_framework import serializers
 
 from shunter.platform.api.base import ServiceSerializer
-from shunter.platform.models import Deployment
+from shunter.platform.models import Deployment, Model
 from shunter.tenants import services
 from shunter.tenants.models import ApiKey, RequestRecord, Tenant
 
 
+def model_names() -> serializers.SlugRelatedField[Model]:
+    """Models written and shown by name."""
+    return serializers.SlugRelatedField(
+        many=True, slug_field="name", queryset=Model.objects.all(), required=False
+    )
+
+
 class TenantSerializer(ServiceSerializer):
+    """A tenant: it may use every deployment of its ``models`` (by name, now and later)
+    and its ``deployments`` (by id, pinned to their nodes)."""
+
     deployments = serializers.PrimaryKeyRelatedField(
         many=True, queryset=Deployment.objects.all(), required=False
     )
+    models = model_names()
 
     class Meta:
         model = Tenant
@@ -23,6 +34,7 @@ class TenantSerializer(ServiceSerializer):
             "id",
             "name",
             "default_slo_class",
+            "models",
             "deployments",
             "rpm_limit",
             "tpm_limit",
@@ -43,13 +55,15 @@ class TenantSerializer(ServiceSerializer):
 
 class ApiKeySerializer(ServiceSerializer):
     """A key as lists show it: its prefix, never its secret. It reaches every deployment
-    of its tenant (``all_deployments``, no ``scopes``) or its ``scopes``; a key whose
-    scopes were all taken from its tenant has none and reaches nothing. ``expires_at``
-    null means it never expires."""
+    its tenant may use (``all_deployments``, no scopes) or its ``scopes`` (deployment
+    ids) and every deployment of its ``model_scopes`` (model names); a key whose scopes
+    were all taken from its tenant has none and reaches nothing. ``expires_at`` null
+    means it never expires."""
 
     scopes = serializers.PrimaryKeyRelatedField(
         many=True, queryset=Deployment.objects.all(), required=False
     )
+    model_scopes = model_names()
     is_usable = serializers.SerializerMethodField()
 
     class Meta:
@@ -60,6 +74,7 @@ class ApiKeySerializer(ServiceSerializer):
             "name",
             "prefix",
             "scopes",
+            "model_scopes",
             "all_deployments",
             "expires_at",
             "revoked_at",

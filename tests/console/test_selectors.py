@@ -66,6 +66,10 @@ def test_attainment_uses_the_record_flags_of_each_tenants_class() -> None:
     lone = make_tenant(slo_name=None)  # no class and no deployments: the field's default
     target = selectors.overview(now=NOW)["tenants"][str(lone.pk)]["target"]
     assert target == SloClass._meta.get_field("attainment_target").get_default()
+    # Granted a model: its deployments' classes count, as they do for the gateway.
+    by_model = make_tenant(slo_name=None, models=[interactive.model])
+    target = selectors.overview(now=NOW)["tenants"][str(by_model.pk)]["target"]
+    assert target == 0.95
 
 
 def test_statuses_against_the_target() -> None:

@@ -173,6 +173,26 @@ def test_key_creation_errors_show_on_the_form(staff_client: Client, world: dict[
     )
 
 
+def test_a_key_scoped_to_a_granted_model_covers_its_deployments_on_the_page(
+    staff_client: Client, world: dict[str, Any]
+) -> None:
+    tenant = world["tenant"]
+    llama = make_model(name="llama")
+    tenant_update(tenant=tenant, models=[llama])
+    on_llama = make_deployment(model=llama)  # reached through the model grant
+    page = staff_client.get(f"/console/tenants/{tenant.pk}/").content.decode()
+    assert "Models (every deployment, now and later): llama." in page
+    assert f'value="{on_llama.pk}"' in page  # a key may be pinned to it
+    response = staff_client.post(
+        f"/console/tenants/{tenant.pk}/keys/", {"name": "llama", "model_scopes": ["llama"]}
+    )
+    assert response.status_code == 201
+    key = ApiKey.objects.get(tenant=tenant, name="llama")
+    assert list(key.model_scopes.all()) == [llama] and list(key.scopes.all()) == []
+    cell = re.search(rf"{key.prefix}…</code></td>\s*<td>(.*?)</td>", response.content.decode())
+    assert cell is not None and cell.group(1) == "llama"
+
+
 def test_key_scopes_show_all_some_or_none(staff_client: Client, world: dict[str, Any]) -> None:
     tenant, deployment = world["tenant"], world["deployment"]
     wide, _ = api_key_create(tenant=tenant, name="wide", all_deployments=True)
@@ -311,7 +331,8 @@ def test_query_counts_are_bounded_with_fifty_tenants(
     # Session and user: 2 queries; each page's own reads are a fixed handful.
     budgets = {
         "/console/": 8,
-        f"/console/tenants/{fifty_tenants['tenant'].pk}/": 10,
+        # Its grants (models, usable deployments) and its keys' scopes and model scopes.
+        f"/console/tenants/{fifty_tenants['tenant'].pk}/": 12,
         f"/console/nodes/{fifty_tenants['node'].pk}/": 5,
         "/console/deployments/": 5,
         "/console/benchmarks/": 4,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -98,6 +99,31 @@ def test_every_long_running_service_has_a_health_check_and_data_is_in_volumes() 
     used = {v.split(":")[0] for s in SERVICES.values() for v in s.get("volumes", [])}
     assert {"postgres-data", "redis-data"} <= declared
     assert declared <= used
+
+
+def test_the_web_health_check_passes_django_host_check() -> None:
+    """Django answers 400 to a Host header outside ALLOWED_HOSTS: the check must send one
+    that the service's default ALLOWED_HOSTS allows."""
+    from django.http import HttpRequest
+    from django.test import override_settings
+
+    probe = SERVICES["web"]["healthcheck"]["test"][-1]
+    host = re.search(r"'Host': '([^']+)'", probe)
+    assert host is not None, probe
+    default = re.fullmatch(r"\$\{ALLOWED_HOSTS:-(.*)\}", COMPOSE["x-shunter-env"]["ALLOWED_HOSTS"])
+    assert default is not None
+    request = HttpRequest()
+    request.META = {"HTTP_HOST": host.group(1), "SERVER_NAME": "x", "SERVER_PORT": "8000"}
+    with override_settings(ALLOWED_HOSTS=default.group(1).split(",")):
+        assert request.get_host() == host.group(1)
+
+
+def test_web_reads_models_at_the_path_the_engine_loads_them() -> None:
+    def models(service: str) -> set[str]:
+        return {v for v in SERVICES[service]["volumes"] if v.split(":")[1] == "/models"}
+
+    assert models("web") == models("engine")
+    assert all(v.endswith(":ro") for v in models("web"))
 
 
 def test_one_dockerfile_builds_every_app_service() -> None:

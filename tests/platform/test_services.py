@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 from django.core.exceptions import ValidationError
+from django.db import transaction
 from django.test import TestCase
 
 from shunter.engine.exec.hf_config import model_spec_from_config
 from shunter.engine.exec.model_init import preset_config
-from shunter.platform import services
+from shunter.platform import selectors, services
 from shunter.platform.models import Deployment, Node, SloClass
 from shunter.platform.services import (
     REMAP_CAP_FRACTION,
@@ -192,24 +193,58 @@ def test_one_model_once_per_node() -> None:
         deployment_create(node=d.node, model=d.model, slo_class=slo())
 
 
-def test_changes_enqueue_the_nodes_reconcile_after_commit(
+def test_changes_enqueue_one_roll_out_of_the_nodes_after_commit(
     django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sent: list[int] = []
+    sent: list[list[int]] = []
     from shunter.platform import tasks
 
-    monkeypatch.setattr(tasks.node_reconcile_task, "delay", sent.append)
+    monkeypatch.setattr(tasks.nodes_roll_out_task, "delay", sent.append)
     a, b = make_node(), make_node()
     with django_capture_on_commit_callbacks(execute=True):
         d = deployment_create(node=a, model=make_model(), slo_class=slo())
-    assert sent == [a.pk]
+    assert sent == [[a.pk]]
     with django_capture_on_commit_callbacks(execute=True):
         deployment_update(deployment=d, node=b)
-    assert sorted(sent[1:]) == sorted([a.pk, b.pk])
+    assert sent[-1] == sorted([a.pk, b.pk])
     with django_capture_on_commit_callbacks(execute=True):
         services.slo_class_update(slo_class=slo(), tbt_ms=120)
-    assert sent[-1] == b.pk
+    assert sent[-1] == [b.pk]
+    # A class served on two nodes: one roll-out takes them in turn.
+    with django_capture_on_commit_callbacks(execute=True):
+        deployment_create(node=a, model=d.model, slo_class=slo())
+    with django_capture_on_commit_callbacks(execute=True):
+        services.slo_class_update(slo_class=slo(), tbt_ms=130)
+    assert sent[-1] == sorted([a.pk, b.pk])
     with django_capture_on_commit_callbacks(execute=True):
         services.deployment_delete(deployment=d)
-    assert sent[-1] == b.pk
+    assert sent[-1] == [b.pk]
+
+
+def test_cordon_and_uncordon() -> None:
+    node = make_node()
+    assert not node.cordoned
+    services.node_cordon(node=node)
+    assert Node.objects.get(pk=node.pk).cordon == Node.Cordon.OPERATOR and node.cordoned
+    services.node_uncordon(node=node)
+    assert Node.objects.get(pk=node.pk).cordon == Node.Cordon.NONE and not node.cordoned
+
+
+def test_a_model_is_alone_on_a_node_unless_another_routable_uncordoned_node_serves_it() -> None:
+    model = make_model()
+    a, b = make_node(status=Node.Status.HEALTHY), make_node(status=Node.Status.HEALTHY)
+    deployment_create(node=a, model=model, slo_class=slo())
+    other = deployment_create(node=b, model=model, slo_class=slo())
+    names = [model.name, "gone"]
+    assert selectors.models_without_other_replica(node=a, model_names=names) == ["gone"]
+    for change in (
+        lambda: services.node_cordon(node=b),
+        lambda: Node.objects.filter(pk=b.pk).update(status=Node.Status.UNHEALTHY),
+        lambda: deployment_update(deployment=other, enabled=False),
+    ):
+        with transaction.atomic():
+            change()
+            alone = selectors.models_without_other_replica(node=a, model_names=names)
+            assert alone == sorted(names)
+            transaction.set_rollback(True)
     assert Node.objects.count() == 2

@@ -26,7 +26,7 @@ from shunter.tenants.auth import (
 from shunter.tenants.keys import secret_digest
 from shunter.tenants.models import ApiKey
 from shunter.tenants.services import api_key_create, api_key_revoke, tenant_update
-from tests.tenants.factories import make_deployment, make_tenant
+from tests.tenants.factories import make_deployment, make_model, make_tenant
 
 pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
 
@@ -83,12 +83,50 @@ def test_a_key_grants_its_scopes_within_the_tenants_deployments() -> None:
     assert grant.limits.budget_period == "month" and grant.tenant_name == tenant.name
     grant = load_grant(scoped)
     assert grant is not None and grant.deployment_ids == {d2.pk} and grant.api_key_id == key.pk
-    assert grant.may_use(d2.pk) and not grant.may_use(d1.pk) and not grant.may_use(other.pk)
+    assert grant.may_use(d2.pk, d2.model.name) and not grant.may_use(d1.pk, d1.model.name)
+    assert not grant.may_use(other.pk, other.model.name)
     # Scopes count only within the tenant's deployments: once the tenant loses d2, a key
     # scoped to d2 may use nothing.
     tenant.deployments.remove(d2)
     grant = load_grant(scoped)
     assert grant is not None and grant.deployment_ids == frozenset()
+
+
+def test_a_model_grant_reaches_every_deployment_of_the_model_made_after_it() -> None:
+    llama = make_model(name="llama")
+    first, pinned, stranger = make_deployment(model=llama), make_deployment(), make_deployment()
+    tenant = make_tenant(pinned, models=[llama])
+    _, everything = api_key_create(tenant=tenant, name="all", all_deployments=True)
+    _, by_model = api_key_create(tenant=tenant, name="llama", model_scopes=[llama])
+    _, by_deployment = api_key_create(tenant=tenant, name="pinned", scopes=[pinned])
+    read_before = load_grant(everything)
+    second = make_deployment(model=llama)  # a second node serving llama, after the grants
+
+    grant = load_grant(everything)
+    assert grant is not None and grant.model_names == {"llama"}
+    assert grant.deployment_ids == {first.pk, second.pk, pinned.pk}
+    # A grant read before the node existed covers it too: by the model's name.
+    assert read_before is not None and second.pk not in read_before.deployment_ids
+    for g in (grant, read_before):
+        assert all(g.may_use(d.pk, d.model.name) for d in (first, second, pinned))
+        assert not g.may_use(stranger.pk, stranger.model.name)
+    grant = load_grant(by_model)
+    assert grant is not None and grant.model_names == {"llama"}
+    assert grant.deployment_ids == {first.pk, second.pk}
+    assert not grant.may_use(pinned.pk, pinned.model.name)
+    grant = load_grant(by_deployment)
+    assert grant is not None and grant.model_names == frozenset()
+    assert grant.deployment_ids == {pinned.pk} and not grant.may_use(second.pk, "llama")
+
+    # Model scopes count only within the tenant's models: once the tenant loses llama, a
+    # key scoped to it reaches nothing, and the tenant's other keys no llama node.
+    tenant.models.remove(llama)
+    grant = load_grant(by_model)
+    assert grant is not None and grant.model_names == grant.deployment_ids == frozenset()
+    assert not grant.may_use(first.pk, "llama")
+    grant = load_grant(everything)
+    assert grant is not None and grant.model_names == frozenset()
+    assert grant.deployment_ids == {pinned.pk}
 
 
 def test_a_secret_with_a_known_prefix_but_another_tail_is_unknown() -> None:

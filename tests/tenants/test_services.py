@@ -23,7 +23,7 @@ from shunter.tenants.services import (
     request_record_create,
     tenant_update,
 )
-from tests.tenants.factories import make_deployment, make_tenant, slo
+from tests.tenants.factories import make_deployment, make_model, make_tenant, slo
 
 pytestmark = pytest.mark.django_db
 
@@ -122,6 +122,63 @@ def test_a_key_reaches_all_deployments_or_some_never_none_by_choice() -> None:
     api_key_update(api_key=key, all_deployments=True, scopes=[])
     key.refresh_from_db()
     assert key.all_deployments and list(key.scopes.all()) == []
+
+
+def test_key_model_scopes_must_be_the_tenants_models() -> None:
+    llama, qwen = make_model(name="llama"), make_model(name="qwen")
+    # Granted qwen's one deployment, not the model: a key may not reach qwen by name.
+    tenant = make_tenant(make_deployment(model=qwen), models=[llama])
+    key, _ = api_key_create(tenant=tenant, name="llama", model_scopes=[llama])
+    assert list(key.model_scopes.all()) == [llama] and list(key.scopes.all()) == []
+    with pytest.raises(ValidationError) as e:
+        api_key_create(tenant=tenant, name="qwen", model_scopes=[qwen])
+    assert e.value.message_dict == {
+        "model_scopes": [
+            f"Not among tenant {tenant.name!r}'s models: qwen. Grant the tenant the model first."
+        ]
+    }
+    with pytest.raises(ValidationError) as e:
+        api_key_update(api_key=key, model_scopes=[llama, qwen])
+    assert "model_scopes" in e.value.message_dict
+    assert list(key.model_scopes.all()) == [llama]
+    with pytest.raises(ValidationError) as e:  # all deployments, or scopes: not both
+        api_key_create(tenant=tenant, name="both", model_scopes=[llama], all_deployments=True)
+    assert "one or the other" in e.value.message_dict["scopes"][0]
+    with pytest.raises(ValidationError):  # scoped to nothing
+        api_key_update(api_key=key, model_scopes=[])
+
+
+def test_a_key_may_be_pinned_to_a_deployment_its_tenant_reaches_by_model() -> None:
+    llama = make_model(name="llama")
+    first, second = make_deployment(model=llama), make_deployment(model=llama)
+    tenant = make_tenant(models=[llama])
+    key, _ = api_key_create(tenant=tenant, name="first node", scopes=[first])
+    assert list(key.scopes.all()) == [first]
+    api_key_update(api_key=key, scopes=[second])
+    assert list(key.scopes.all()) == [second]
+
+
+def test_taking_a_model_from_a_tenant_drops_the_key_scopes_it_covered(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    llama, qwen = make_model(name="llama"), make_model(name="qwen")
+    on_llama, on_qwen = make_deployment(model=llama), make_deployment(model=qwen)
+    tenant = make_tenant(models=[llama, qwen])
+    mixed, _ = api_key_create(
+        tenant=tenant, name="mixed", scopes=[on_llama, on_qwen], model_scopes=[llama, qwen]
+    )
+    only_llama, _ = api_key_create(tenant=tenant, name="llama", model_scopes=[llama])
+    with caplog.at_level("WARNING", logger="shunter.tenants"):
+        tenant_update(tenant=tenant, models=[qwen])
+    assert list(mixed.model_scopes.all()) == [qwen] and list(mixed.scopes.all()) == [on_qwen]
+    assert list(only_llama.model_scopes.all()) == []
+    assert [r.getMessage() for r in caplog.records] == [
+        f"key {only_llama.prefix}… of tenant {tenant.name!r} lost its last scope (llama): "
+        "it reaches no deployment"
+    ]
+    # Pinned to the deployment instead, the tenant keeps it and its key scope.
+    tenant_update(tenant=tenant, deployments=[on_qwen], models=[])
+    assert list(mixed.scopes.all()) == [on_qwen] and list(mixed.model_scopes.all()) == []
 
 
 def test_expiry_in_the_past_is_refused() -> None:

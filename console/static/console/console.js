@@ -253,6 +253,9 @@
 
     function apply(delta) {
       if (delta.status !== undefined) setText("status", delta.status, "status-" + delta.status);
+      if (delta.rotation !== undefined) {
+        setText("rotation", delta.rotation, delta.rotation === "in rotation" ? "" : "status-miss");
+      }
       if (delta.last_seen !== undefined) setText("last_seen", delta.last_seen || "never");
       if (delta.turn_holder !== undefined) setText("turn_holder", delta.turn_holder || DASH);
       if (delta.turn_switches !== undefined) setText("turn_switches", String(delta.turn_switches));

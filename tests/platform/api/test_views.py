@@ -74,6 +74,20 @@ class TestNodes(CrudTests):
         body = {**self.payload(), "hardware_profile": {"gpu": "a\x00b"}}
         assert api.post(self.url(), body, format="json").status_code == 400
 
+    def test_cordon_and_uncordon(self, api: HttpsApiClient) -> None:
+        node = make_node()
+        assert api.get(self.url(node.pk)).json()["cordon"] == ""
+        body = api.post(self.url(node.pk) + "cordon/").json()
+        assert body["cordon"] == "operator" and Node.objects.get(pk=node.pk).cordoned
+        assert [n["id"] for n in api.get(self.url() + "?cordon=operator").json()["results"]] == [
+            node.pk
+        ]
+        # Read-only in writes: only the actions change it.
+        api.patch(self.url(node.pk), {"cordon": ""}, format="json")
+        assert Node.objects.get(pk=node.pk).cordoned
+        assert api.post(self.url(node.pk) + "uncordon/").json()["cordon"] == ""
+        assert not Node.objects.get(pk=node.pk).cordoned
+
 
 class TestModels(CrudTests):
     route = "models"
@@ -147,6 +161,22 @@ class TestDeployments(CrudTests):
         assert ids == [a.pk]
         assert api.get(self.url(a.pk), {"tenant": tb.pk}).status_code == 404
         assert api.get(self.url(), {"tenant": "x"}).status_code == 400
+
+    def test_tenant_filter_lists_the_deployments_of_its_models_once(
+        self, api: HttpsApiClient
+    ) -> None:
+        llama = make_model(name="llama")
+        first, pinned = make_deployment(model=llama), make_deployment()
+        make_deployment()  # another model's, not granted
+        # Granted the model and one of its deployments too, as is another tenant: rows
+        # that a join would repeat.
+        tenant = make_tenant(first, pinned, models=[llama])
+        make_tenant(first, models=[llama])
+        second = make_deployment(model=llama)  # added after the grants
+        body = api.get(self.url(), {"tenant": tenant.pk}).json()
+        ids = [r["id"] for r in body["results"]]
+        assert sorted(ids) == sorted([first.pk, second.pk, pinned.pk]) and body["count"] == 3
+        assert api.get(self.url(second.pk), {"tenant": tenant.pk}).status_code == 200
 
 
 def test_schema_and_docs_are_served_to_staff_only(client: Any) -> None:

@@ -22,7 +22,9 @@ class Clock:
         return self.now
 
 
-def route(deployment_id: int, model: str = "m", status: str = "healthy") -> Route:
+def route(
+    deployment_id: int, model: str = "m", status: str = "healthy", cordoned: bool = False
+) -> Route:
     return Route(
         deployment_id=deployment_id,
         model_name=model,
@@ -33,10 +35,12 @@ def route(deployment_id: int, model: str = "m", status: str = "healthy") -> Rout
         engine_url="http://127.0.0.1:1",
         engine_token="",
         slo_header="class=standard,ttft_ms=5000,tbt_ms=100",
+        ttft_ms=5000,
+        node_cordoned=cordoned,
     )
 
 
-def grant(*deployment_ids: int) -> KeyGrant:
+def grant(*deployment_ids: int, models: frozenset[str] = frozenset()) -> KeyGrant:
     return KeyGrant(
         api_key_id=1,
         key_prefix="sk-shunter-abcd",
@@ -44,6 +48,7 @@ def grant(*deployment_ids: int) -> KeyGrant:
         tenant_name="t",
         tenant_active=True,
         deployment_ids=frozenset(deployment_ids),
+        model_names=models,
         expires_at=None,
         revoked=False,
         limits=Limits(),
@@ -122,6 +127,31 @@ async def test_the_table_is_read_again_in_the_background_and_kept_within_its_bou
     clock.now += 0.3
     assert (await routes.choose(grant(1, 2), "n")).deployment_id == 2
     assert rows.reads == [1000.0, 1001.0, 1003.5, 1003.8]
+
+
+async def test_a_model_grant_reaches_a_deployment_added_later_once_the_table_holds_it() -> None:
+    clock = Clock()
+    rows = Rows(clock)
+    routes = RouteTable(ttl_s=2.0, load=rows.load, clock=clock)
+    by_model, by_id = grant(models=frozenset({"m"})), grant(1)
+    assert (await routes.choose(by_model, "m")).deployment_id == 1
+
+    # A second node of m: the model grant names no deployment the table lacks, so it
+    # forces no read (the table held is used until its bound)...
+    rows.table["m"] = [route(1), route(2)]
+    clock.now += 0.3
+    with pytest.raises(ApiError):
+        await routes.choose(by_model, "m", exclude={1})
+    assert rows.reads == [1000.0]
+    # ...and reaches the new deployment once the table is read again within its bound.
+    clock.now += 2.0
+    assert [r.deployment_id for r in await routes.allowed(by_model)] == [1, 2]
+    assert (await routes.choose(by_model, "m", exclude={1})).deployment_id == 2
+    # A grant of deployment 1 alone does not.
+    assert [r.deployment_id for r in await routes.allowed(by_id)] == [1]
+    with pytest.raises(ApiError) as e:
+        await routes.choose(by_id, "m", exclude={1})
+    assert (e.value.status, e.value.code) == (503, "engine_unavailable")
 
 
 def occupy_db_threads() -> threading.Event:

@@ -12,9 +12,10 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from shunter.engine.server.errors import ApiError
+from shunter.platform import services
 from shunter.platform.gateway.replies import error_reply
 from shunter.platform.gateway.routes import RouteTable
-from shunter.platform.models import Deployment, Node
+from shunter.platform.models import Deployment, Model, Node
 from shunter.tenants.auth import KeyAuthenticator, KeyGrant, close_db_connections, run_db
 from shunter.tenants.services import api_key_create
 from tests.platform.gateway.conftest import DB, LlamaSetup, Reply, World, wait_record
@@ -97,6 +98,44 @@ async def test_a_disabled_deployment_takes_no_turn() -> None:
     assert await replicas.chosen(grant, 3) == [replicas.b] * 3
 
 
+async def test_a_cordoned_node_takes_no_new_request_until_it_is_uncordoned() -> None:
+    replicas = await run_db(Replicas)
+    a, b = replicas.a, replicas.b
+    grant = await KeyAuthenticator().authenticate(f"Bearer {replicas.secret}")
+    node = await run_db(lambda: Node.objects.get(deployments__pk=a))
+    await run_db(lambda: services.node_cordon(node=node))
+    assert await replicas.chosen(grant, 3) == [b] * 3
+    await run_db(lambda: services.node_uncordon(node=node))
+    assert sorted(await replicas.chosen(grant, 4)) == [a, a, b, b]
+
+
+async def test_keys_of_a_tenant_granted_a_model_reach_a_node_added_after_the_grant() -> None:
+    def rows() -> tuple[Model, int, list[str]]:
+        model = make_model(name="m")
+        first = make_deployment(node=make_node(name="granted-a", status=HEALTHY), model=model)
+        tenant = make_tenant(models=[model])
+        keys = [
+            api_key_create(tenant=tenant, name="all", all_deployments=True),
+            api_key_create(tenant=tenant, name="m", model_scopes=[model]),
+        ]
+        return model, first.pk, [secret for _, secret in keys]
+
+    model, first, secrets = await run_db(rows)
+    auth, clock = KeyAuthenticator(), Clock()
+    routes = RouteTable(ttl_s=2.0, clock=clock)
+    grants = [await auth.authenticate(f"Bearer {secret}") for secret in secrets]
+    for grant in grants:
+        assert (await routes.choose(grant, "m")).deployment_id == first
+
+    def added() -> int:
+        return make_deployment(node=make_node(name="granted-b", status=HEALTHY), model=model).pk
+
+    second = await run_db(added)
+    clock.now += routes.ttl_s  # the table is read again; the grants were read before
+    for grant in grants:
+        assert (await routes.choose(grant, "m", exclude={first})).deployment_id == second
+
+
 # -- through the gateway ------------------------------------------------------------------------
 @pytest.fixture
 def replicas(world: World) -> tuple[LlamaSetup, Deployment, str]:
@@ -155,6 +194,22 @@ def test_through_the_gateway_replicas_take_turns_and_unhealthy_nodes_are_skipped
     error = replies[-1].error  # exactly OpenAI's error body
     assert (error["code"], error["type"]) == ("engine_unavailable", "service_unavailable")
     assert replies[-1].headers["retry-after"] == "1"
+
+
+@pytest.mark.slow
+def test_through_the_gateway_a_model_grant_reaches_a_node_added_after_it(world: World) -> None:
+    first = world.deployment(world.node("granted-a", world.engine.url), "llama")
+    _, secret = world.key(world.tenant(models=[first.model]))  # all its deployments
+    setup = LlamaSetup(world, first)
+    assert served_by(setup, secret, "granted-0") == first.pk
+    second = world.deployment(world.node("granted-b", world.engine.url), "llama")
+    served: list[int] = []
+
+    def reached() -> bool:
+        served.append(served_by(setup, secret, f"granted-{len(served) + 1}"))
+        return served[-1] == second.pk
+
+    until(reached, "the gateway to route to a node added to a granted model")
 
 
 async def test_a_regular_mix_of_two_models_spreads_each_over_both_nodes() -> None:

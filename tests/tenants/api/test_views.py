@@ -14,7 +14,7 @@ from shunter.tenants.keys import secret_digest
 from shunter.tenants.models import ApiKey
 from shunter.tenants.services import api_key_create, request_record_create
 from tests.platform.api.crud import CrudTests, HttpsApiClient, staff_client
-from tests.tenants.factories import make_deployment, make_tenant, slo
+from tests.tenants.factories import make_deployment, make_model, make_tenant, slo
 
 pytestmark = pytest.mark.django_db
 T0 = datetime(2026, 5, 4, 10, 0, tzinfo=UTC)
@@ -23,6 +23,7 @@ T0 = datetime(2026, 5, 4, 10, 0, tzinfo=UTC)
 class TestTenants(CrudTests):
     route = "tenants"
     change = ("rpm_limit", 10)
+    max_list_queries = 5  # a prefetch each for the granted deployments and models
 
     def payload(self) -> dict[str, Any]:
         return {
@@ -35,12 +36,28 @@ class TestTenants(CrudTests):
 
     def make(self, n: int) -> None:
         for _ in range(n):
-            make_tenant(make_deployment())
+            make_tenant(make_deployment(), models=[make_model()])
+
+    def test_models_are_granted_and_shown_by_name(self, api: HttpsApiClient) -> None:
+        for name in ("llama", "qwen"):
+            make_model(name=name)
+        body = {"name": "acme", "default_slo_class": slo().pk, "models": ["llama"]}
+        created = api.post(self.url(), body, format="json")
+        assert created.status_code == 201, created.json()
+        pk = created.json()["id"]
+        assert created.json()["models"] == ["llama"] and created.json()["deployments"] == []
+        patched = api.patch(self.url(pk), {"models": ["qwen", "llama"]}, format="json")
+        assert patched.status_code == 200, patched.json()
+        assert sorted(api.get(self.url(pk)).json()["models"]) == ["llama", "qwen"]
+        unknown = api.patch(self.url(pk), {"models": ["mistral"]}, format="json")
+        assert unknown.status_code == 400 and "models" in unknown.json()
+        assert api.patch(self.url(pk), {"models": []}, format="json").json()["models"] == []
 
 
 class TestKeys(CrudTests):
     route = "keys"
     change = ("name", "renamed")
+    max_list_queries = 5  # a prefetch each for the scopes and model scopes
 
     def payload(self) -> dict[str, Any]:
         d = make_deployment()
@@ -49,7 +66,8 @@ class TestKeys(CrudTests):
     def make(self, n: int) -> None:
         for _ in range(n):
             d = make_deployment()
-            api_key_create(tenant=make_tenant(d), name="k", scopes=[d])
+            tenant = make_tenant(d, models=[d.model])
+            api_key_create(tenant=tenant, name="k", scopes=[d], model_scopes=[d.model])
 
     def test_secret_is_in_the_create_response_only(self, api: HttpsApiClient) -> None:
         body = api.post(self.url(), self.payload(), format="json").json()
@@ -101,9 +119,29 @@ class TestKeys(CrudTests):
         # The gateway's view of the same keys: nothing for the one, the tenant's for the other.
         grant = load_grant(scoped["secret"])
         assert grant is not None and grant.deployment_ids == frozenset()
-        assert not grant.may_use(a.pk) and not grant.may_use(b.pk)
+        assert not grant.may_use(a.pk, a.model.name) and not grant.may_use(b.pk, b.model.name)
         grant = load_grant(wide["secret"])
         assert grant is not None and grant.deployment_ids == {a.pk}
+
+    def test_model_scopes_are_given_by_name_among_the_tenants_models(
+        self, api: HttpsApiClient
+    ) -> None:
+        llama, qwen = make_model(name="llama"), make_model(name="qwen")
+        tenant = make_tenant(make_deployment(model=qwen), models=[llama]).pk
+        body = {"tenant": tenant, "name": "k", "model_scopes": ["llama"]}
+        created = api.post(self.url(), body, format="json")
+        assert created.status_code == 201, created.json()
+        assert created.json()["model_scopes"] == ["llama"] and created.json()["scopes"] == []
+        grant = load_grant(created.json()["secret"])
+        assert grant is not None and grant.model_names == {"llama"}
+        # qwen's deployment is the tenant's, the model is not: no key reaches qwen by name.
+        refused = api.post(self.url(), {**body, "model_scopes": ["qwen"]}, format="json")
+        assert refused.status_code == 400
+        assert "models: qwen." in refused.json()["model_scopes"][0]
+        changed = api.patch(
+            self.url(created.json()["id"]), {"model_scopes": ["qwen"]}, format="json"
+        )
+        assert changed.status_code == 400 and "model_scopes" in changed.json()
 
     def test_a_key_needs_scopes_or_all_deployments(self, api: HttpsApiClient) -> None:
         d = make_deployment()
