@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from django.core.exceptions import ValidationError
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse_lazy
+from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
@@ -26,7 +28,7 @@ from shunter.platform.login_throttle import ThrottledLoginView
 from shunter.platform.models import Deployment, SloClass
 from shunter.platform.services import deployment_update, node_fit
 from shunter.tenants.models import ApiKey, Tenant
-from shunter.tenants.selectors import tenant_deployments
+from shunter.tenants.selectors import slo_by_node, tenant_deployments
 from shunter.tenants.services import api_key_create, api_key_revoke
 
 LOGIN_URL = reverse_lazy("console:login")
@@ -161,17 +163,36 @@ def key_revoke(request: HttpRequest, tenant_id: int, key_id: int) -> HttpRespons
     return redirect("console:tenant", tenant_id=tenant_id)
 
 
+# The node page's SLO table covers this many minutes before now.
+NODE_SLO_WINDOW_MIN = 15
+
+
 @staff_required
 @require_GET
 def node(request: HttpRequest, node_id: int) -> HttpResponse:
     view = selectors.node_views([node_id]).get(str(node_id))
     if view is None:
         raise Http404("no such node")
+    since = timezone.now() - timedelta(minutes=NODE_SLO_WINDOW_MIN)
+    slo = [
+        {
+            "what": row.model_name or "all deployments",
+            "total": row.deployment_id is None,
+            "requests": row.requests,
+            "errors": row.errors,
+            "ttft": display.percent(row.ttft_attainment),
+            "tbt": display.percent(row.tbt_attainment),
+            "both": display.percent(row.both_attainment),
+        }
+        for row in slo_by_node(node=view["name"], since=since)
+    ]
     return render(
         request,
         "console/node.html",
         {
             "node": view,
+            "slo": slo,
+            "slo_window_min": NODE_SLO_WINDOW_MIN,
             "steps_figure": figures.step_times_figure([(int(i), ms) for i, ms in view["steps"]]),
             "display": display,
         },

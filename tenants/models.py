@@ -118,7 +118,11 @@ class RequestRecord(models.Model):
 
     ``record_key`` is the record's idempotency key, given when it is made: a record
     written again (replayed from the gateway's spool after an outage) is not counted
-    twice. Records from before the key existed have none."""
+    twice. Records from before the key existed have none.
+
+    ``node_name`` is the node that served it, as named then (a deployment may move to
+    another node, and a node may be renamed or removed; the record keeps where it ran).
+    Empty for a request that reached no node, and for records from before it was kept."""
 
     class Endpoint(models.TextChoices):
         CHAT = "chat"
@@ -141,6 +145,7 @@ class RequestRecord(models.Model):
         Deployment, on_delete=models.SET_NULL, null=True, blank=True, related_name="requests"
     )
     model_name = models.CharField(max_length=128)
+    node_name = models.CharField(max_length=64, blank=True, default="")
     endpoint = models.CharField(max_length=16, choices=Endpoint.choices)
     stream = models.BooleanField(default=False)
     t_arrival = models.DateTimeField(db_index=True)
@@ -174,11 +179,13 @@ class UsageRollup(models.Model):
 
     A deployment with rollups cannot be deleted (its usage history would go with it, and
     rows of one tenant and minute on several deployments would become indistinct):
-    disable it instead."""
+    disable it instead. Rows are per node too (``node_name``, as the records name it): a
+    deployment moved to another node starts new rows there."""
 
     minute = models.DateTimeField()
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="rollups")
     deployment = models.ForeignKey(Deployment, on_delete=models.PROTECT, related_name="rollups")
+    node_name = models.CharField(max_length=64, blank=True, default="")
     requests = models.PositiveIntegerField(default=0)
     errors = models.PositiveIntegerField(default=0)
     prompt_tokens = models.PositiveBigIntegerField(default=0)
@@ -196,7 +203,8 @@ class UsageRollup(models.Model):
         ordering = ["-minute", "tenant_id", "deployment_id"]
         constraints = [
             models.UniqueConstraint(
-                fields=["minute", "tenant", "deployment"], name="rollup_unique_minute"
+                fields=["minute", "tenant", "deployment", "node_name"],
+                name="rollup_unique_minute_node",
             )
         ]
 

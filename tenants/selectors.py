@@ -3,6 +3,7 @@ manager's ``restrict(tenant)``: pass None only for staff-wide views."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -80,7 +81,8 @@ def request_record_list(
 
 @dataclass(frozen=True)
 class UsageRow:
-    """Totals of one tenant on one deployment over a time range, from the rollups.
+    """Totals of one tenant on one deployment on one node over a time range, from the
+    rollups.
 
     Attainments are shares of all requests (errors and unknown TBTs count as misses); mean
     TTFT is per successful request, mean TPOT per request that had one (None without)."""
@@ -89,6 +91,7 @@ class UsageRow:
     tenant: str
     deployment_id: int
     model_name: str
+    node: str
     slo_class: str
     attainment_target: float
     requests: int
@@ -110,36 +113,20 @@ def usage_summary(
     *,
     tenant: Tenant | int | None = None,
     deployment: Deployment | int | None = None,
+    node: str | None = None,
     since: datetime | None = None,
     until: datetime | None = None,
 ) -> list[UsageRow]:
-    """Usage and SLO attainment per (tenant, deployment) over the minutes that start in
-    ``[since, until)`` (``since`` rounds down to its minute), in one query."""
-    rollups = UsageRollup.objects.restrict(tenant)
-    if deployment is not None:
-        rollups = rollups.filter(deployment=deployment)
-    if since is not None:
-        rollups = rollups.filter(minute__gte=since.replace(second=0, microsecond=0))
-    if until is not None:
-        rollups = rollups.filter(minute__lt=until)
-    sums = [
-        "requests",
-        "errors",
-        "prompt_tokens",
-        "completion_tokens",
-        "ttft_met",
-        "tbt_met",
-        "both_met",
-        "sum_ttft_ms",
-        "sum_tpot_ms",
-        "tpot_requests",
-    ]
+    """Usage and SLO attainment per (tenant, deployment, node) over the minutes that
+    start in ``[since, until)`` (``since`` rounds down to its minute), in one query."""
+    rollups = _rollups(tenant=tenant, deployment=deployment, node=node, since=since, until=until)
     grouped = (
         rollups.values(
             "tenant_id",
             "tenant__name",
             "deployment_id",
             "deployment__model__name",
+            "node_name",
             # The class the records were judged against (request_slo_class).
             slo_name=Coalesce("tenant__default_slo_class__name", "deployment__slo_class__name"),
             slo_target=Coalesce(
@@ -147,13 +134,105 @@ def usage_summary(
                 "deployment__slo_class__attainment_target",
             ),
         )
-        .annotate(**{f"total_{name}": Sum(name) for name in sums})
-        .order_by("tenant__name", "deployment__model__name", "deployment_id")
+        .annotate(**_SUMS)
+        .order_by("tenant__name", "deployment__model__name", "deployment_id", "node_name")
     )
     return [_usage_row(g) for g in grouped]
 
 
-def _usage_row(g: dict[str, Any]) -> UsageRow:
+_SUMMED = [
+    "requests",
+    "errors",
+    "prompt_tokens",
+    "completion_tokens",
+    "ttft_met",
+    "tbt_met",
+    "both_met",
+    "sum_ttft_ms",
+    "sum_tpot_ms",
+    "tpot_requests",
+]
+_SUMS = {f"total_{name}": Sum(name) for name in _SUMMED}
+
+
+def _rollups(
+    *,
+    tenant: Tenant | int | None = None,
+    deployment: Deployment | int | None = None,
+    node: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> QuerySet[UsageRollup]:
+    """The rollup rows of ``tenant``, ``deployment`` and ``node`` (None: all) whose
+    minute starts in ``[since, until)``."""
+    rollups = UsageRollup.objects.restrict(tenant)
+    if deployment is not None:
+        rollups = rollups.filter(deployment=deployment)
+    if node is not None:
+        rollups = rollups.filter(node_name=node)
+    if since is not None:
+        rollups = rollups.filter(minute__gte=since.replace(second=0, microsecond=0))
+    if until is not None:
+        rollups = rollups.filter(minute__lt=until)
+    return rollups
+
+
+@dataclass(frozen=True)
+class SloRow:
+    """SLO attainment of one node over a time range, over all its tenants (each request
+    judged against its own class), in total (``deployment_id`` None) or of one of its
+    deployments."""
+
+    node: str
+    deployment_id: int | None
+    model_name: str  # '' for the node's total
+    requests: int
+    errors: int
+    ttft_attainment: float
+    tbt_attainment: float
+    both_attainment: float
+    mean_ttft_ms: float | None
+
+
+def slo_by_node(
+    *,
+    node: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> list[SloRow]:
+    """Per node (``node``: that one), its total and then each of its deployments, by
+    node name then model name; two queries."""
+    rollups = _rollups(node=node, since=since, until=until)
+    totals = rollups.values("node_name").annotate(**_SUMS)
+    per_deployment = rollups.values(
+        "node_name", "deployment_id", "deployment__model__name"
+    ).annotate(**_SUMS)
+    rows = [_slo_row(g, None, "") for g in totals]
+    rows += [_slo_row(g, g["deployment_id"], g["deployment__model__name"]) for g in per_deployment]
+    return sorted(rows, key=lambda r: (r.node, r.deployment_id is not None, r.model_name))
+
+
+def _slo_row(g: Mapping[str, Any], deployment_id: int | None, model_name: str) -> SloRow:
+    n = int(g["total_requests"] or 0)
+    ok = n - int(g["total_errors"] or 0)
+
+    def share(name: str) -> float:
+        return int(g[f"total_{name}"] or 0) / n if n else 0.0
+
+    return SloRow(
+        node=g["node_name"],
+        deployment_id=deployment_id,
+        model_name=model_name,
+        requests=n,
+        errors=int(g["total_errors"] or 0),
+        ttft_attainment=share("ttft_met"),
+        tbt_attainment=share("tbt_met"),
+        both_attainment=share("both_met"),
+        mean_ttft_ms=float(g["total_sum_ttft_ms"]) / ok if ok else None,
+    )
+
+
+def _usage_row(g: Mapping[str, Any]) -> UsageRow:
     n = int(g["total_requests"] or 0)
 
     def share(name: str) -> float:
@@ -166,6 +245,7 @@ def _usage_row(g: dict[str, Any]) -> UsageRow:
         tenant=g["tenant__name"],
         deployment_id=g["deployment_id"],
         model_name=g["deployment__model__name"],
+        node=g["node_name"],
         slo_class=g["slo_name"],
         attainment_target=g["slo_target"],
         requests=n,

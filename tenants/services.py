@@ -276,6 +276,7 @@ def request_record_create(
     deployment: Deployment | None,
     model_name: str,
     endpoint: str,
+    node_name: str = "",
     stream: bool,
     t_arrival: datetime,
     t_first_token: datetime | None,
@@ -315,6 +316,7 @@ def request_record_create(
         api_key=api_key,
         deployment=deployment,
         model_name=model_name,
+        node_name=node_name,
         endpoint=endpoint,
         stream=stream,
         t_arrival=t_arrival,
@@ -358,7 +360,10 @@ def _rollup_add(record: RequestRecord, deployment: Deployment) -> None:
         "tpot_requests": F("tpot_requests") + timed,
     }
     row = UsageRollup.objects.filter(
-        minute=minute, tenant_id=record.tenant_id, deployment_id=deployment.pk
+        minute=minute,
+        tenant_id=record.tenant_id,
+        deployment_id=deployment.pk,
+        node_name=record.node_name,
     )
     if row.update(**increments):
         return
@@ -368,6 +373,7 @@ def _rollup_add(record: RequestRecord, deployment: Deployment) -> None:
                 minute=minute,
                 tenant_id=record.tenant_id,
                 deployment_id=deployment.pk,
+                node_name=record.node_name,
                 requests=1,
                 errors=int(record.status != RequestRecord.Status.OK),
                 prompt_tokens=record.prompt_tokens,

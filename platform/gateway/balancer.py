@@ -2,7 +2,9 @@
 
 The gateway process counts its own requests in flight per deployment (``started`` when
 one is sent, ``finished`` when its exchange ends) and sends each new request to the
-routable replica with the fewest; equal ones take turns, per model. A replica that
+routable replica with the fewest; among equal ones, the replica whose engine reported the
+least load at its last poll (``engine_load``: the model's requests queued and running
+there, then its KV usage), and equal ones take turns, per model. A replica that
 refused a connection, reset it or answered 503 before any byte reached the client is
 put in a cooldown at once (``cool_down``): it takes no request for ``cooldown_s``
 unless every replica is cooling, without waiting for the poll to mark its node down.
@@ -30,6 +32,9 @@ class Replica(Protocol):
     @property
     def model_name(self) -> str: ...
 
+    @property
+    def engine_load(self) -> tuple[int, float]: ...
+
 
 R = TypeVar("R", bound=Replica)
 
@@ -50,7 +55,7 @@ class Balancer:
     def pick(self, replicas: Sequence[R], exclude: Collection[int] = ()) -> R | None:
         """The replica to send the next request to, None when all are ``exclude``d:
         among those not cooling (all of them, if every one is), the fewest outstanding
-        requests; ties take turns."""
+        requests, then the least engine load; ties take turns."""
         candidates = [r for r in replicas if r.deployment_id not in exclude]
         if not candidates:
             return None
@@ -60,6 +65,8 @@ class Balancer:
             pool = warm or candidates
             least = min(self._outstanding.get(r.deployment_id, 0) for r in pool)
             ties = [r for r in pool if self._outstanding.get(r.deployment_id, 0) == least]
+            lightest = min(r.engine_load for r in ties)
+            ties = [r for r in ties if r.engine_load == lightest]
             model = ties[0].model_name
             turn = self._turns.get(model, 0)
             self._turns[model] = turn + 1

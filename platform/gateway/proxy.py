@@ -592,6 +592,7 @@ class Exchange:
         return {
             "request_id": self.request_id,
             "model_name": self.route.model_name,
+            "node_name": self.route.node_name,
             "endpoint": self.endpoint,
             "stream": self.stream,
             "t_arrival": self.arrival,

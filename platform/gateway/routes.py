@@ -43,6 +43,9 @@ class Route:
     slo_header: str  # the deployment's SLO class as ``X-Shunter-Slo``
     ttft_ms: int  # that class's TTFT target
     node_cordoned: bool = False
+    # The model's requests queued and running on the node's engine, and its KV usage,
+    # at the last poll (the balancer's tie-break).
+    engine_load: tuple[int, float] = (0, 0.0)
 
     @property
     def routable(self) -> bool:
@@ -69,9 +72,24 @@ def load_routes() -> dict[str, list[Route]]:
             slo_header=d.slo_class.header(),
             ttft_ms=d.slo_class.ttft_ms,
             node_cordoned=d.node.cordoned,
+            engine_load=engine_load(d.node.state, d.model.name),
         )
         table.setdefault(route.model_name, []).append(route)
     return table
+
+
+def engine_load(state: Any, model: str) -> tuple[int, float]:
+    """``model``'s requests waiting and running, and its KV usage, as an engine's
+    ``/admin/state`` reported them; zeros for what it did not report."""
+    info = state.get("models", {}).get(model) if isinstance(state, dict) else None
+    if not isinstance(info, dict):
+        return (0, 0.0)
+    requests = info.get("requests")
+    queued = 0
+    if isinstance(requests, dict):
+        queued = sum(n for k in ("waiting", "running") if isinstance(n := requests.get(k), int))
+    usage = info.get("kv_usage")
+    return (queued, float(usage) if isinstance(usage, int | float) else 0.0)
 
 
 class RouteTable:

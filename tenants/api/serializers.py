@@ -125,6 +125,7 @@ class RequestRecordSerializer(serializers.ModelSerializer[RequestRecord]):
             "api_key",
             "deployment",
             "model_name",
+            "node_name",
             "endpoint",
             "stream",
             "t_arrival",
@@ -144,9 +145,10 @@ class RequestRecordSerializer(serializers.ModelSerializer[RequestRecord]):
         read_only_fields = fields
 
 
-class UsageQuerySerializer(serializers.Serializer[Any]):
-    tenant = serializers.IntegerField(required=False, min_value=1, max_value=2**63 - 1)
-    deployment = serializers.IntegerField(required=False, min_value=1, max_value=2**63 - 1)
+class TimeRangeSerializer(serializers.Serializer[Any]):
+    """A range of minutes: ``since`` (rounded down to its minute) to ``until``
+    (exclusive); either may be left out."""
+
     since = serializers.DateTimeField(required=False)
     until = serializers.DateTimeField(required=False)
 
@@ -157,6 +159,31 @@ class UsageQuerySerializer(serializers.Serializer[Any]):
         return attrs
 
 
+class UsageQuerySerializer(TimeRangeSerializer):
+    tenant = serializers.IntegerField(required=False, min_value=1, max_value=2**63 - 1)
+    deployment = serializers.IntegerField(required=False, min_value=1, max_value=2**63 - 1)
+    node = serializers.CharField(required=False, max_length=64)
+
+
+class NodeSloQuerySerializer(TimeRangeSerializer):
+    node = serializers.CharField(required=False, max_length=64)
+
+
+class SloRowSerializer(serializers.Serializer[Any]):
+    """One node over the range, over all its tenants (each request judged against its own
+    SLO class): its total (``deployment_id`` null) or one of its deployments."""
+
+    node = serializers.CharField()
+    deployment_id = serializers.IntegerField(allow_null=True)
+    model_name = serializers.CharField(allow_blank=True)
+    requests = serializers.IntegerField()
+    errors = serializers.IntegerField()  # type: ignore[assignment]  # a field, not .errors
+    ttft_attainment = serializers.FloatField()
+    tbt_attainment = serializers.FloatField()
+    both_attainment = serializers.FloatField()
+    mean_ttft_ms = serializers.FloatField(allow_null=True)
+
+
 class UsageRowSerializer(serializers.Serializer[Any]):
     """One tenant on one deployment over the range: counts, tokens, SLO attainment
     (shares of all requests) and whether both-SLO attainment meets the class target."""
@@ -165,6 +192,7 @@ class UsageRowSerializer(serializers.Serializer[Any]):
     tenant = serializers.CharField()
     deployment_id = serializers.IntegerField()
     model_name = serializers.CharField()
+    node = serializers.CharField(allow_blank=True)
     slo_class = serializers.CharField()
     attainment_target = serializers.FloatField()
     requests = serializers.IntegerField()

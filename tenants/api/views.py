@@ -81,7 +81,16 @@ class RequestRecordFilter(filters.FilterSet):  # type: ignore[misc]
 
     class Meta:
         model = RequestRecord
-        fields = ["deployment", "api_key", "status", "endpoint", "model_name", "since", "until"]
+        fields = [
+            "deployment",
+            "api_key",
+            "status",
+            "endpoint",
+            "model_name",
+            "node_name",
+            "since",
+            "until",
+        ]
 
 
 @extend_schema_view(list=extend_schema(parameters=[TENANT_PARAMETER]))
@@ -99,8 +108,9 @@ class RequestRecordViewSet(
 
 
 class UsageViewSet(ServiceErrorsMixin, mixins.ListModelMixin, viewsets.GenericViewSet[Any]):
-    """Usage and SLO attainment per tenant and deployment over a time range, from the
-    per-minute rollups (``since`` rounds down to its minute; ``until`` is exclusive)."""
+    """Usage and SLO attainment per tenant, deployment and node over a time range, from
+    the per-minute rollups (``since`` rounds down to its minute; ``until`` is
+    exclusive); ``nodes/``: SLO attainment per node and per deployment on it."""
 
     serializer_class = s.UsageRowSerializer
     pagination_class = None
@@ -112,3 +122,12 @@ class UsageViewSet(ServiceErrorsMixin, mixins.ListModelMixin, viewsets.GenericVi
         query.is_valid(raise_exception=True)
         rows = selectors.usage_summary(**query.validated_data)
         return Response(s.UsageRowSerializer(rows, many=True).data)
+
+    @extend_schema(parameters=[s.NodeSloQuerySerializer], responses=s.SloRowSerializer(many=True))
+    @action(detail=False, methods=["get"])
+    def nodes(self, request: Request) -> Response:
+        """Per node, over all tenants: its total, then each of its deployments."""
+        query = s.NodeSloQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        rows = selectors.slo_by_node(**query.validated_data)
+        return Response(s.SloRowSerializer(rows, many=True).data)

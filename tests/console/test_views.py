@@ -12,6 +12,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from shunter.platform import services
 from shunter.platform.models import Deployment
 from shunter.tenants.models import ApiKey, RequestRecord
 from shunter.tenants.services import api_key_create, request_record_create, tenant_update
@@ -308,6 +309,23 @@ def test_plotly_is_served_from_the_installed_package(client: Client) -> None:
     assert client.get("/console/assets/plotly-0.0.1.min.js").status_code == 404
 
 
+def test_the_node_page_shows_its_slo_attainment_and_rotation(staff_client: Client) -> None:
+    deployment = make_deployment()
+    node, tenant = deployment.node, make_tenant(deployment)
+    url = f"/console/nodes/{node.pk}/"
+    assert "No requests served in the last 15 minutes" in staff_client.get(url).content.decode()
+    record(tenant, deployment, node_name=node.name)
+    record(tenant, deployment, node_name=node.name, request_id="slow", ttft_ms=60_000.0)
+    record(tenant, deployment, node_name="elsewhere", request_id="other")
+    page = staff_client.get(url).content.decode()
+    table = page[page.index('id="node-slo"') : page.index("</table>", page.index('id="node-slo"'))]
+    assert "all deployments" in table and deployment.model.name in table
+    assert table.count("50.0%") == 4  # TTFT and both, in the total and the deployment's row
+    assert ">in rotation<" in page
+    services.node_cordon(node=node)
+    assert ">cordoned by an operator<" in staff_client.get(url).content.decode()
+
+
 def test_unknown_objects_are_404(staff_client: Client) -> None:
     assert staff_client.get("/console/tenants/999999/").status_code == 404
     assert staff_client.get("/console/nodes/999999/").status_code == 404
@@ -333,7 +351,8 @@ def test_query_counts_are_bounded_with_fifty_tenants(
         "/console/": 8,
         # Its grants (models, usable deployments) and its keys' scopes and model scopes.
         f"/console/tenants/{fifty_tenants['tenant'].pk}/": 12,
-        f"/console/nodes/{fifty_tenants['node'].pk}/": 5,
+        # Its deployments, and its SLO attainment in total and per deployment.
+        f"/console/nodes/{fifty_tenants['node'].pk}/": 7,
         "/console/deployments/": 5,
         "/console/benchmarks/": 4,
     }

@@ -15,7 +15,7 @@ from shunter.platform.models import Deployment
 from shunter.platform.services import DeploymentInUse, deployment_delete
 from shunter.tenants.keys import looks_like_secret, secret_digest
 from shunter.tenants.models import ApiKey, RequestRecord, UsageRollup
-from shunter.tenants.selectors import usage_summary
+from shunter.tenants.selectors import slo_by_node, usage_summary
 from shunter.tenants.services import (
     api_key_create,
     api_key_revoke,
@@ -325,6 +325,36 @@ def test_an_unknown_tbt_counts_as_no_hit_and_no_tpot() -> None:
     assert (row.ttft_attainment, row.tbt_attainment, row.both_attainment) == (1.0, 0.5, 0.5)
     # The mean TPOT is over the request that had one, not diluted by the unknown one.
     assert row.mean_tpot_ms == pytest.approx(60.0) and row.mean_ttft_ms == pytest.approx(200.0)
+
+
+def test_records_carry_the_node_and_roll_up_per_node() -> None:
+    deployment = make_deployment()
+    tenant = make_tenant(deployment)
+    record(tenant=tenant, deployment=deployment, node_name="gpu-a")
+    record(tenant=tenant, deployment=deployment, request_id="r2", node_name="gpu-a")
+    # The deployment moved to another node within the minute: a row of its own there.
+    record(tenant=tenant, deployment=deployment, request_id="r3", node_name="gpu-b", ttft_ms=9e3)
+    rows = {r.node_name: r.requests for r in UsageRollup.objects.all()}
+    assert rows == {"gpu-a": 2, "gpu-b": 1}
+    assert [(r.node, r.requests) for r in usage_summary(tenant=tenant)] == [
+        ("gpu-a", 2),
+        ("gpu-b", 1),
+    ]
+    (only_b,) = usage_summary(tenant=tenant, node="gpu-b")
+    assert only_b.ttft_attainment == 0.0
+
+    other = make_deployment(node=deployment.node)
+    record(tenant=make_tenant(other), deployment=other, request_id="r4", node_name="gpu-a")
+    by_node = [(r.node, r.model_name, r.requests, r.ttft_attainment) for r in slo_by_node(since=T0)]
+    assert by_node == [
+        ("gpu-a", "", 3, 1.0),
+        ("gpu-a", deployment.model.name, 2, 1.0),
+        ("gpu-a", other.model.name, 1, 1.0),
+        ("gpu-b", "", 1, 0.0),
+        ("gpu-b", deployment.model.name, 1, 0.0),
+    ]
+    assert [r.node for r in slo_by_node(node="gpu-b")] == ["gpu-b", "gpu-b"]
+    assert slo_by_node(since=T0 + timedelta(minutes=1)) == []
 
 
 def test_a_deployment_with_usage_history_cannot_be_deleted() -> None:

@@ -12,6 +12,7 @@ from shunter.platform.gateway.balancer import Balancer
 class Rep:
     deployment_id: int
     model_name: str = "m"
+    engine_load: tuple[int, float] = (0, 0.0)
 
 
 class Clock:
@@ -48,6 +49,17 @@ def test_equal_replicas_take_turns_per_model() -> None:
         picks.append(lb.pick([A, B]))
         lb.pick(other)  # another model's requests do not move m's turns
     assert picks == [A, B, A, B]
+
+
+def test_among_equal_replicas_the_least_loaded_engine_takes_the_next() -> None:
+    lb = Balancer()
+    busy, idle, full = Rep(4, engine_load=(6, 0.2)), Rep(5, engine_load=(1, 0.9)), Rep(6)
+    assert [lb.pick([busy, idle]) for _ in range(3)] == [idle] * 3
+    assert lb.pick([busy, idle, full]) == full
+    roomy = Rep(9, engine_load=(1, 0.1))
+    assert lb.pick([idle, roomy]) == roomy  # then the KV usage
+    lb.started(idle.deployment_id)  # in flight here counts first: the engine's is stale
+    assert lb.pick([busy, idle]) == busy
 
 
 def test_a_cooling_replica_takes_nothing_until_its_cooldown_ends_or_all_cool() -> None:

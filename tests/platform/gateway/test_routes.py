@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from shunter.engine.server.errors import ApiError
-from shunter.platform.gateway.routes import Route, RouteTable
+from shunter.platform.gateway.routes import Route, RouteTable, engine_load
 from shunter.tenants.auth import DB_THREADS, KeyGrant, submit_db
 from shunter.tenants.quotas import Limits
 
@@ -69,6 +69,14 @@ class Rows:
         self.reads.append(self.clock.now)
         self.gate.wait(10)
         return {name: list(routes) for name, routes in self.table.items()}
+
+
+def test_the_engine_load_is_read_from_the_cached_state_and_zero_without_it() -> None:
+    state = {"models": {"m": {"requests": {"waiting": 3, "running": 2}, "kv_usage": 0.5}}}
+    assert engine_load(state, "m") == (5, 0.5)
+    assert engine_load(state, "other") == (0, 0.0)
+    assert engine_load({}, "m") == engine_load({"models": {"m": "?"}}, "m") == (0, 0.0)
+    assert engine_load({"models": {"m": {"requests": {"waiting": "x"}}}}, "m") == (0, 0.0)
 
 
 async def test_requests_that_wait_for_the_table_share_one_read() -> None:

@@ -259,6 +259,38 @@ def test_usage_reports_attainment_from_the_rollups(two_tenants: dict[str, Any]) 
     assert bad.status_code == 400 and "until" in bad.json()
 
 
+def test_usage_and_records_name_the_node_and_slo_is_reported_per_node(
+    two_tenants: dict[str, Any],
+) -> None:
+    api = staff_client()
+    a, da = two_tenants["a"], two_tenants["da"]
+    add_record(a, da, "a3", node_name="gpu-a", ttft_ms=5000.0)  # misses interactive's TTFT
+    rows = api.get("/api/usage/", {"tenant": a.pk}).json()
+    assert [(r["node"], r["requests"]) for r in rows] == [("", 2), ("gpu-a", 1)]
+    assert [
+        r["request_id"] for r in api.get("/api/records/", {"node_name": "gpu-a"}).json()["results"]
+    ] == ["a3"]
+    nodes = api.get("/api/usage/nodes/", {"node": "gpu-a"}).json()
+    assert nodes == [
+        {
+            "node": "gpu-a",
+            "deployment_id": None,
+            "model_name": "",
+            "requests": 1,
+            "errors": 0,
+            "ttft_attainment": 0.0,
+            "tbt_attainment": 1.0,
+            "both_attainment": 0.0,
+            "mean_ttft_ms": 5000.0,
+        },
+        {**nodes[0], "deployment_id": da.pk, "model_name": da.model.name},
+    ]
+    # Unnamed (older records): its total and two deployments; gpu-a: total and one.
+    assert len(api.get("/api/usage/nodes/").json()) == 5
+    bad = api.get("/api/usage/nodes/", {"since": T0.isoformat(), "until": T0.isoformat()})
+    assert bad.status_code == 400
+
+
 def test_times_with_any_valid_offset_are_valid_filters(two_tenants: dict[str, Any]) -> None:
     # Python takes offsets up to 23:59, PostgreSQL up to 15:59: the API normalises.
     api = staff_client()
