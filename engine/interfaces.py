@@ -62,7 +62,9 @@ class Transfers(ABC):
         D2H = ``plan.d2h(model)`` for every model, H2D = ``plan.swap_in``. It must not
         block on them. The engine guarantees that no H2D copy writes a block that a
         copy still in flight reads or writes, and no D2H copy reads a block an H2D copy
-        still writes, so the two directions may run concurrently.
+        still writes, so the two directions may run concurrently. Nor does a D2H copy
+        read a block the plan's ``moves`` write: the executor moves blocks after
+        ``submit``, so a block moved this step is copied from its move's source.
       - ``poll(now)`` returns the steps whose batches (both directions) have completed
         by ``now`` and were not reported before, in increasing order. Steps without
         copies may be reported at once. Every submitted step is eventually reported.

@@ -99,7 +99,7 @@ class StepPlan:
     Copies, per model name, each one batch per direction:
       - D2H = ``swap_out`` (preemption copies) + ``rotate`` (eager rotation of SYNCED
         blocks); H2D = ``swap_in``. No device block is both an H2D destination and a
-        pending D2H source.
+        pending D2H source, nor both a D2H source and a destination of ``moves``.
       - ``moves``: device-to-device moves, done before the forward pass reads KV.
 
     Weights, per model name (parameter remapping):

@@ -85,7 +85,7 @@ class KVMemory(Relocation):
         self._unrotated: dict[str, BlockTable] = {}  # SYNCED blocks without a host copy
         self._inflight = InFlight()
         self._plan: StepPlan | None = None
-        self._moved_into: dict[str, set[int]] = {}
+        self._moved_into: dict[str, dict[int, int]] = {}
 
     # -- counts for the scheduler --------------------------------------------------------
     def num_blocks(self, num_tokens: int) -> int:
@@ -265,7 +265,8 @@ class KVMemory(Relocation):
             self._release_devices(model, devices[valid:copied], landing)
         if copied < keep:
             sources = devices[copied:keep]
-            _batch(plan.swap_out, model).extend(sources, hosts[copied:keep])
+            reads = self._copy_sources(model, sources)
+            _batch(plan.swap_out, model).extend(reads, hosts[copied:keep])
             inflight.copy_out(plan.step, table, keep, sources)
             table.d2h_step = plan.step
         table.num_host_copied = keep
@@ -380,7 +381,8 @@ class KVMemory(Relocation):
                 if not self.host.can_allocate(model, end - len(table.hosts)):
                     break
                 table.hosts += self.host.allocate(model, end - len(table.hosts))
-            _batch(plan.rotate, model).extend(table.devices[start:end], table.hosts[start:end])
+            reads = self._copy_sources(model, table.devices[start:end])
+            _batch(plan.rotate, model).extend(reads, table.hosts[start:end])
             self._inflight.land(table, end, plan.step)
             table.d2h_step = plan.step
             table.num_host_copied = end

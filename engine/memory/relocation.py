@@ -29,7 +29,7 @@ class Relocation:
     _tables: dict[str, BlockTable]
     _inflight: InFlight
     _plan: StepPlan | None
-    _moved_into: dict[str, set[int]]  # model -> blocks moved into this step
+    _moved_into: dict[str, dict[int, int]]  # model -> {block moved into this step: source}
     _vacating: dict[tuple[str, int], list[tuple[BlockPool, int]]]
 
     def compact(self, model: str, num_bytes: int | None = None) -> int:
@@ -157,7 +157,7 @@ class Relocation:
         # Moves planned this step may add to each other, but a block moved here this step
         # does not move again (one batch of moves reads every source before writing);
         # no other copy may be in flight.
-        moved_here = self._moved_into.setdefault(model, set())
+        moved_here = self._moved_into.setdefault(model, {})
         emptied = 0
         for chunk in chunks:
             blocks = owners[chunk]
@@ -176,8 +176,8 @@ class Relocation:
             moves = plan.moves.setdefault(model, [])
             self._inflight.touch(plan.step)
             dsts = pool.allocate(len(blocks))
-            moved_here.update(dsts)
             for (table, i), dst in zip(blocks, dsts, strict=True):
+                moved_here[dst] = table.devices[i]
                 moves.append(BlockMove(table.devices[i], dst))
                 self._inflight.defer_device(plan.step, model, [table.devices[i]])
                 table.devices[i] = dst
@@ -185,6 +185,18 @@ class Relocation:
         return emptied
 
     # -- internals -------------------------------------------------------------------------
+    def _copy_sources(self, model: str, ids: list[int]) -> list[int]:
+        """The blocks a D2H copy of this step reads for the device blocks ``ids``.
+
+        The executor runs a step's moves after its copies were submitted, so a block
+        moved into this step does not hold its KV yet when they read it: its move's
+        source still does (fenced until the step completes, so nothing reuses it first).
+        """
+        moved = self._moved_into.get(model)
+        if not moved:
+            return ids
+        return [moved.get(d, d) for d in ids]
+
     def _current(self) -> StepPlan:
         if self._plan is None:
             raise RuntimeError("copies are planned between begin_step and end_step")

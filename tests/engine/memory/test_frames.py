@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
+from shunter.engine.config import RotationConfig
 from shunter.engine.memory.arena import FREE, PageOwner
 from shunter.engine.memory.kv_memory import KVMemory
 from shunter.engine.plan import StepPlan
@@ -109,3 +112,72 @@ def test_taking_a_frame_back_never_moves_kv_into_that_frame() -> None:
     assert memory.vacate_frame("tall", 4)
     memory.end_step()
     memory.check_integrity([live])
+
+
+def run_like_the_engine(plan: StepPlan, device: dict[int, str], host: dict[int, str]) -> None:
+    """Apply a plan's KV copies and moves to block contents in the order the engine
+    runs them: the transfers' D2H then H2D batches at ``submit``, then the executor's
+    moves (every source read before any destination is written). A block never
+    written holds garbage."""
+    for model in {*plan.swap_out, *plan.rotate}:
+        d2h = plan.d2h(model)
+        host.update(
+            (h, device.get(d, "garbage")) for d, h in zip(d2h.devices, d2h.hosts, strict=True)
+        )
+    for copies in plan.swap_in.values():
+        device.update(
+            (d, host.get(h, "garbage")) for d, h in zip(copies.devices, copies.hosts, strict=True)
+        )
+    for moves in plan.moves.values():
+        device.update([(m.dst, device.get(m.src, "garbage")) for m in moves])
+
+
+@pytest.mark.parametrize("copy", ["preemption", "eager rotation"])
+def test_kv_copied_to_host_in_the_step_it_moves_out_of_a_frame_comes_back_intact(
+    copy: str,
+) -> None:
+    # A frame taken back moves its blocks out, and the same step copies them to host.
+    # The moves run after the copies, so the copies must read the moves' sources: the
+    # destinations do not hold the KV yet.
+    rotation = RotationConfig(eager=copy == "eager rotation", budget_blocks=100, watermark=0.0)
+    memory = KVMemory(tiny_config(kv_blocks=0, models=(TALL,), rotation=rotation))
+    for frame in (3, 4):
+        memory.release_frame("tall", frame)
+    r = request("r", 4 * 3, 4, model="tall")
+    plans = [StepPlan(step=s) for s in range(4)]
+    memory.begin_step(plans[0])
+    memory.allocate(r)
+    r.state = RequestState.RUNNING
+    r.num_computed_tokens = 12
+    memory.mark_computed(r)
+    device = {b: f"kv{i}" for i, b in enumerate(memory.block_ids("r"))}
+    host: dict[int, str] = {}
+    costs = memory.frame_costs("tall", [3, 4])
+
+    def step(plan: StepPlan) -> None:
+        memory.end_step()
+        run_like_the_engine(plan, device, host)
+        memory.complete([plan.step])
+        memory.check_integrity([r])
+
+    step(plans[0])
+    memory.begin_step(plans[1])
+    assert not memory.vacate_frame("tall", 4 if costs[4] else 3)
+    assert len(plans[1].moves["tall"]) == 3
+    if copy == "preemption":
+        memory.swap_out(r)
+        r.state = RequestState.ROTARY
+    else:
+        assert memory.rotate() == 3
+    step(plans[1])
+    memory.begin_step(plans[2])
+    if r.state is RequestState.RUNNING:
+        assert memory.swap_out(r)  # the rotated copies are valid: nothing more to copy
+        r.state = RequestState.ROTARY
+    assert not plans[2].has_transfers
+    step(plans[2])
+    memory.begin_step(plans[3])
+    memory.swap_in(r)
+    r.state = RequestState.RUNNING
+    step(plans[3])
+    assert [device[b] for b in memory.block_ids("r")] == ["kv0", "kv1", "kv2"]
