@@ -24,6 +24,9 @@ echo "== executor remapping (CPU, small-llama): decode step with layers streamed
 echo "== gateway (CPU, tiny-llama; PostgreSQL and Redis): TTFT and ITL through the gateway vs straight to the engine"
 "${VENV:-.venv}/bin/shunter" bench gateway
 
+echo "== gateway failover (CPU, 2x tiny-llama): steady load with one of two engines killed mid-run vs none"
+"${VENV:-.venv}/bin/shunter" bench gateway --replicas 2
+
 echo "== load generator: 200 req/s open loop against a local SSE fixture (64 tokens), send rate and timing error"
 "${VENV:-.venv}/bin/shunter" bench loadgen
 

@@ -17,7 +17,9 @@ reloading) is sent once more to another replica of the model, and the failed one
 cools (``balancer``). An engine that sends no byte for ``first_byte_s`` (a few times
 the deployment's TTFT target) is probed on ``/health``: one that does not answer is
 hung (stopped, wedged), and the request moves on the same way instead of waiting out
-the read timeout; an engine that answers is only slow, and is waited for.
+the read timeout; an engine that answers is only slow, and is waited for. A stream's
+head goes to the client with its first event (or keep-alive), so an engine that fails
+between the two is failed over as well.
 
 Reads time out: an engine streams an event or a keep-alive comment every few seconds,
 so a stream silent for ``STREAM_IDLE_S`` is ended like a broken one (a terminating
@@ -55,11 +57,11 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import yarl
@@ -75,6 +77,7 @@ from shunter.tenants.auth import DATABASE_DOWN, KeyGrant, await_shared, submit_d
 from shunter.tenants.quotas import Admission, LoopLocal, quota_limiter
 
 log = logging.getLogger("shunter.gateway")
+T = TypeVar("T")
 
 CONNECT_TIMEOUT_S = 1.0
 # Tries of a request that fails before its first byte reached the client: the first
@@ -283,20 +286,30 @@ class Exchange:
                 headers=self._upstream_headers(),
                 timeout=read_timeout(read_s),
             )
+            upstream: aiohttp.ClientResponse | None = None
+            first = b""
             try:
                 upstream = await self._first_byte(post, tried)
+                if upstream.status == 200 and upstream.content_type == "text/event-stream":
+                    # Nothing reaches the client before the stream's first event: an
+                    # engine that fails before it can still be failed over.
+                    first = await self._first_byte(_first_chunk(upstream), tried)
             except aiohttp.SocketTimeoutError as e:
+                _close(upstream)
                 return self._timed_out(read_s, e)
             except EngineHung as e:
+                _close(upstream)
                 if await self._fail_over(tried, e):
                     continue
                 return self._unavailable(str(e), e)
             except (aiohttp.ClientError, TimeoutError, OSError) as e:
+                _close(upstream)
                 if await self._fail_over(tried, e):
                     continue
                 what = f"The engine of {self.route.model_name!r} is unreachable"
                 return self._unavailable(what, e)
             except BaseException:
+                _close(upstream)
                 self._end("aborted", "client_disconnected", 499)
                 raise
             self.reported_prompt_tokens = _count(upstream.headers.get(PROMPT_TOKENS_HEADER))
@@ -312,15 +325,14 @@ class Exchange:
             return self._pass_error(upstream.status, raw)
         if upstream.content_type == "text/event-stream":
             headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-            reply = Reply(200, headers, stream=self._relay(upstream))
+            reply = Reply(200, headers, stream=self._relay(upstream, first))
             reply.content_type = "text/event-stream"
             return self._decorate(reply)
         return await self._collect(upstream)
 
-    async def _first_byte(
-        self, post: Awaitable[aiohttp.ClientResponse], tried: set[int]
-    ) -> aiohttp.ClientResponse:
-        """The engine's response once its head arrives. While it has not, the engine is
+    async def _first_byte(self, post: Awaitable[T], tried: set[int]) -> T:
+        """The engine's response once its head (or a stream's first event) arrives.
+        While it has not, the engine is
         asked ``/health`` every ``first_byte_s(route)``: one that does not answer is
         hung (``EngineHung``) when another replica can take the request, or after
         ``settings.NODE_POLL_MISSES`` unanswered probes in a row when none can; one
@@ -472,14 +484,16 @@ class Exchange:
         self._end("ok", "", 200)
         return self._decorate(Reply(200, body=raw))
 
-    async def _relay(self, upstream: aiohttp.ClientResponse) -> AsyncGenerator[bytes, None]:
-        """The engine's events as they arrive. An engine that stops before ``[DONE]``, or
-        sends nothing for ``STREAM_IDLE_S``, gets the client a terminating error event; a
-        client that leaves closes the upstream connection, which aborts the request in
-        the engine."""
+    async def _relay(
+        self, upstream: aiohttp.ClientResponse, first: bytes
+    ) -> AsyncGenerator[bytes, None]:
+        """The engine's events as they arrive, from its ``first`` bytes on. An engine
+        that stops before ``[DONE]``, or sends nothing for ``STREAM_IDLE_S``, gets the
+        client a terminating error event; a client that leaves closes the upstream
+        connection, which aborts the request in the engine."""
         buffer = b""
         try:
-            async for data in upstream.content.iter_any():
+            async for data in _chunks(first, upstream):
                 now = time.perf_counter()
                 buffer += data
                 out = []
@@ -851,6 +865,25 @@ def tenant_label(grant: KeyGrant) -> str:
     if name.isascii() and name.isprintable() and "," not in name:
         return name
     return f"tenant-{grant.tenant_id}"
+
+
+async def _first_chunk(upstream: aiohttp.ClientResponse) -> bytes:
+    """A stream's first bytes (an event, or a keep-alive comment of a queued request)."""
+    chunk = await upstream.content.readany()
+    if not chunk:
+        raise aiohttp.ClientPayloadError("the stream ended before its first event")
+    return chunk
+
+
+async def _chunks(first: bytes, upstream: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    yield first
+    async for data in upstream.content.iter_any():
+        yield data
+
+
+def _close(upstream: aiohttp.ClientResponse | None) -> None:
+    if upstream is not None:
+        upstream.close()
 
 
 def _cannot_serve_now(status: int, raw: bytes) -> bool:

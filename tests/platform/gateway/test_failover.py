@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socketserver
 import threading
 import time
 from pathlib import Path
@@ -193,3 +194,43 @@ def test_a_deployment_change_on_one_node_under_load_fails_no_request(
     finally:
         for e in engines:
             e.stop()
+
+
+class CutStreams(socketserver.ThreadingTCPServer):
+    """An 'engine' that answers every request with the head of an event stream and
+    then closes the connection: it fails after its head, before any event."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), CutStreamHandler)
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+
+class CutStreamHandler(socketserver.StreamRequestHandler):
+    def handle(self) -> None:
+        length = 0
+        while (line := self.rfile.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode().partition(":")
+            if name.lower() == "content-length":
+                length = int(value)
+        self.rfile.read(length)
+        self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n")
+
+
+def test_a_stream_whose_engine_fails_after_its_head_and_before_its_first_event_is_failed_over(
+    world: World,
+) -> None:
+    cut = CutStreams()
+    try:
+        setup, _, secret = pair(world, cut.url)
+        for i in range(4):
+            r = setup.completion(secret, f"cut-{i}", stream=True)
+            assert r.status == 200 and b"[DONE]" in r.body and b'"error"' not in r.body, r.body
+            assert wait_record(f"cut-{i}").deployment_id == setup.llama.pk
+        assert "failed request cut-" in world.gateway.log.read_text()
+    finally:
+        cut.shutdown()
+        cut.server_close()
