@@ -92,3 +92,30 @@ def test_bench_gateway_without_postgresql_says_so(clean_env: dict[str, str]) -> 
         "shunter bench gateway: the production path needs PostgreSQL, and DATABASE_URL is "
         "sqlite:// (use --embedded for SQLite)\n"
     )
+
+
+def test_bench_gateway_with_replicas_kills_one_under_load_and_reports_both_phases(
+    clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    command = [str(VENV_BIN / "shunter"), "bench", "gateway", "--replicas", "2", "--embedded"]
+    command += ["--duration", "3", "--clients", "2", "--prompt-tokens", "8", "--max-tokens", "4"]
+    command += ["--json", str(tmp_path / "figures.json")]
+    run = subprocess.run(
+        command, cwd=REPO, env=clean_env, capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.strip().splitlines()
+    assert lines[1].startswith("tiny-llama on cpu on 2 engines (nodes)")
+    phases = {line.split("  ")[0]: line.split()[2:] for line in lines[3:5]}
+    assert set(phases) == {"none killed", "one killed"}
+    for requests, served, failed, broken, p50, p99 in phases.values():
+        assert int(requests) == int(served) + int(failed) + int(broken) > 0
+        assert 0 < float(p50) <= float(p99)
+    assert lines[-1].startswith("one of 2 replicas killed at 1.5 s: P99 TTFT ")
+    (figure,) = read_figures(tmp_path / "figures.json")
+    assert (figure.name, figure.target, figure.direction) == (
+        "gateway.failover_new_served",
+        1.0,
+        ">=",
+    )
+    assert 0.0 <= figure.value <= 1.0
