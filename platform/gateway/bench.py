@@ -89,6 +89,16 @@ def bench_gateway(
     yield the report: the path measured, median (and p90 ITL) per path, the TTFT and ITL
     ratios and the median ITL the gateway adds; then the figures ``gateway.ttft_ratio``
     and ``gateway.added_itl_ms``. BenchError: PostgreSQL or Redis cannot be used."""
+    with bench_platform(model_dir, embedded=embedded) as (on, model):
+        yield from _compare(
+            on, model, streams, requests, prompt_tokens, max_tokens, threads, rounds
+        )
+
+
+@contextlib.contextmanager
+def bench_platform(model_dir: Path | None, *, embedded: bool) -> Iterator[tuple[Platform, Path]]:
+    """A throwaway platform (``embedded``, else the production path) and the model to
+    serve: ``model_dir``, else tiny-llama with random weights, both gone after the run."""
     from shunter.engine.exec.model_init import init_model_dir, preset_config
 
     platform = embedded_platform if embedded else production_platform
@@ -98,9 +108,7 @@ def bench_gateway(
     ):
         if model_dir is None:
             model_dir = init_model_dir(Path(tmp) / PRESET, config=preset_config(PRESET), seed=0)
-        yield from _compare(
-            on, model_dir, streams, requests, prompt_tokens, max_tokens, threads, rounds
-        )
+        yield on, model_dir
 
 
 def _compare(

@@ -30,7 +30,6 @@ import asyncio
 import json
 import signal
 import subprocess
-import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -41,13 +40,12 @@ from typing import Any
 import aiohttp
 
 from shunter.engine.benchfigure import BenchFigure, ReportItem
-from shunter.engine.server.bench import MODEL, PRESET, random_prompts, start_engine
+from shunter.engine.server.bench import MODEL, random_prompts, start_engine
 from shunter.platform.gateway.bench import (
     ENGINE_KV_TOKENS,
     Platform,
-    embedded_platform,
+    bench_platform,
     forget_quotas,
-    production_platform,
     register_model,
     start_gateway,
 )
@@ -98,27 +96,11 @@ def bench_gateway_failover(
 ) -> Iterator[ReportItem]:
     """Run both phases and yield the report (``bench.BenchError``: PostgreSQL or Redis
     cannot be used)."""
-    from shunter.engine.exec.model_init import init_model_dir, preset_config
-
     if replicas < 2:
         raise ValueError("a replica can only be killed with at least 2 (--replicas 2)")
-    platform = embedded_platform if embedded else production_platform
-    with (
-        tempfile.TemporaryDirectory(prefix="shunter-bench-failover-") as tmp,
-        platform(Path(tmp) / "var") as on,
-    ):
-        if model_dir is None:
-            model_dir = init_model_dir(Path(tmp) / PRESET, config=preset_config(PRESET), seed=0)
+    with bench_platform(model_dir, embedded=embedded) as (on, model):
         yield from _phases(
-            on,
-            model_dir,
-            replicas,
-            clients,
-            duration_s,
-            kill_at,
-            prompt_tokens,
-            max_tokens,
-            threads,
+            on, model, replicas, clients, duration_s, kill_at, prompt_tokens, max_tokens, threads
         )
 
 
