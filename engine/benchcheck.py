@@ -49,13 +49,19 @@ def simulator_figures(lines: Sequence[str]) -> list[BenchFigure]:
 
 @dataclass(frozen=True)
 class Bench:
-    """A ``shunter bench`` command: its figures' noise margins (figure name -> share of
-    the target), and, for a command that writes no figures file, how to read them from
-    its report lines."""
+    """A ``shunter bench`` command (``name`` and its ``args``): its figures' noise
+    margins (figure name -> share of the target), and, for a command that writes no
+    figures file, how to read them from its report lines."""
 
     name: str
     margins: Mapping[str, float] = field(default_factory=dict)
     parse: Callable[[Sequence[str]], list[BenchFigure]] | None = None
+    args: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """The command as ``make bench`` spells it after ``shunter bench``."""
+        return " ".join((self.name, *self.args))
 
 
 # The benchmarks of `make bench` (scripts/bench.sh), in its order.
@@ -91,6 +97,9 @@ BENCHES: tuple[Bench, ...] = (
             "gateway.added_itl_ms": 0.25,
         },
     ),
+    # Every new request served while a replica dies is a count, not a timing: a miss is
+    # a failover bug, whatever the host's load.
+    Bench("gateway", {"gateway.failover_new_served": 0.001}, args=("--replicas", "2")),
     Bench(
         "loadgen",
         {
@@ -179,7 +188,7 @@ def format_table(verdicts: Sequence[Verdict]) -> list[str]:
 
 def shunter_command(bench: Bench, json_path: Path | None) -> list[str]:
     """``shunter bench NAME`` with its defaults, writing figures to ``json_path``."""
-    command = [str(Path(sys.executable).with_name("shunter")), "bench", bench.name]
+    command = [str(Path(sys.executable).with_name("shunter")), "bench", bench.name, *bench.args]
     return command + ([] if json_path is None else ["--json", str(json_path)])
 
 
@@ -188,7 +197,8 @@ def run_bench(
 ) -> tuple[int, list[BenchFigure]]:
     """Run ``command(bench, json_path)``, echoing its report; its exit status and the
     figures it wrote (or ``bench.parse`` read from its report)."""
-    json_path = out_dir / f"{bench.name}.json" if bench.margins and not bench.parse else None
+    json_name = "-".join((bench.name, *bench.args)).replace("--", "")
+    json_path = out_dir / f"{json_name}.json" if bench.margins and not bench.parse else None
     proc = subprocess.Popen(command(bench, json_path), stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     lines = []
@@ -214,13 +224,13 @@ def run_check(
     no_target = []
     with tempfile.TemporaryDirectory(prefix="shunter-bench-check-") as tmp:
         for bench in benches:
-            print(f"== {bench.name}", flush=True)
+            print(f"== {bench.label}", flush=True)
             returncode, figures = run_bench(bench, Path(tmp), command)
             verdicts += judge(bench.margins, figures)
             if returncode != 0:
-                verdicts.append(failed_run(bench.name, returncode))
+                verdicts.append(failed_run(bench.label, returncode))
             elif not bench.margins:
-                no_target.append(bench.name)
+                no_target.append(bench.label)
     print("\n== bench check: each figure against its target, within its noise margin")
     for line in format_table(verdicts):
         print(line)

@@ -113,7 +113,8 @@ def test_the_simulators_scenario_figure_is_read_from_its_scenario_line() -> None
 
 def test_the_benchmarks_are_those_of_make_bench() -> None:
     script = (REPO / "scripts" / "bench.sh").read_text()
-    assert [b.name for b in BENCHES] == re.findall(r'/bin/shunter" bench (\S+)', script)
+    commands = [c.strip() for c in re.findall(r'/bin/shunter" bench ([^\n]+)', script)]
+    assert [b.label for b in BENCHES] == commands
     assert all(0 < m < 1 for b in BENCHES for m in b.margins.values())
 
 
