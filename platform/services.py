@@ -661,6 +661,8 @@ CHANGE_LOCK_TTL_S = 300
 ROUTES_SETTLE_S = 1.5 * ROUTES_CACHE_S
 # The engine's requests in flight are polled this often while the node drains.
 DRAIN_POLL_S = 0.2
+# How often a change asks again for the change locks another change holds.
+LOCK_RETRY_S = 1.0
 # Polls after a reconcile until the engine answers healthy with its new set.
 HEALTH_POLLS = 30
 HEALTH_POLL_S = 1.0
@@ -775,7 +777,7 @@ def _take_change_locks(node: Node, model_names: set[str], wait_s: float) -> list
         cache.delete_many(taken)
         if time.monotonic() >= deadline:
             return None
-        time.sleep(HEALTH_POLL_S)
+        time.sleep(LOCK_RETRY_S)
 
 
 def _cordon_for_change(node: Node) -> bool:
@@ -818,9 +820,15 @@ def _healthy_after_change(node: Node) -> bool:
     return False
 
 
+def change_queued_key(node_id: int) -> str:
+    """Set while a drain-first change of node ``node_id`` waits in the queue (its task
+    deletes it when it starts)."""
+    return f"shunter:node-change:queued:{node_id}"
+
+
 def _change_later(node: Node) -> None:
     """Queue a drain-first change of ``node`` unless one is queued already."""
-    if not cache.add(f"shunter:node-change:queued:{node.pk}", 1, timeout=CHANGE_LOCK_TTL_S):
+    if not cache.add(change_queued_key(node.pk), 1, timeout=CHANGE_LOCK_TTL_S):
         return
     from shunter.platform.tasks import node_change_task  # tasks import services
 

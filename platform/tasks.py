@@ -30,7 +30,7 @@ def nodes_roll_out_task(node_ids: list[int]) -> list[dict[str, Any]]:
 @app.task(name="shunter.platform.node_change")  # type: ignore[untyped-decorator]
 def node_change_task(node_id: int) -> dict[str, Any]:
     """Change node ``node_id`` (a poll found it serving another set than desired)."""
-    cache.delete(f"shunter:node-change:queued:{node_id}")
+    cache.delete(services.change_queued_key(node_id))
     node = Node.objects.filter(pk=node_id).first()
     changed = None
     if node is not None:

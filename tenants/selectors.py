@@ -212,33 +212,35 @@ def slo_by_node(
     return sorted(rows, key=lambda r: (r.node, r.deployment_id is not None, r.model_name))
 
 
-def _slo_row(g: Mapping[str, Any], deployment_id: int | None, model_name: str) -> SloRow:
+def _slo_figures(g: Mapping[str, Any]) -> dict[str, Any]:
+    """The figures every row of summed rollups gives: requests, errors, the three
+    attainments (shares of all requests) and the mean TTFT of the successful ones."""
     n = int(g["total_requests"] or 0)
-    ok = n - int(g["total_errors"] or 0)
+    errors = int(g["total_errors"] or 0)
 
     def share(name: str) -> float:
         return int(g[f"total_{name}"] or 0) / n if n else 0.0
 
+    return {
+        "requests": n,
+        "errors": errors,
+        "ttft_attainment": share("ttft_met"),
+        "tbt_attainment": share("tbt_met"),
+        "both_attainment": share("both_met"),
+        "mean_ttft_ms": float(g["total_sum_ttft_ms"]) / (n - errors) if n > errors else None,
+    }
+
+
+def _slo_row(g: Mapping[str, Any], deployment_id: int | None, model_name: str) -> SloRow:
     return SloRow(
         node=g["node_name"],
         deployment_id=deployment_id,
         model_name=model_name,
-        requests=n,
-        errors=int(g["total_errors"] or 0),
-        ttft_attainment=share("ttft_met"),
-        tbt_attainment=share("tbt_met"),
-        both_attainment=share("both_met"),
-        mean_ttft_ms=float(g["total_sum_ttft_ms"]) / ok if ok else None,
+        **_slo_figures(g),
     )
 
 
 def _usage_row(g: Mapping[str, Any]) -> UsageRow:
-    n = int(g["total_requests"] or 0)
-
-    def share(name: str) -> float:
-        return int(g[f"total_{name}"] or 0) / n if n else 0.0
-
-    ok = n - int(g["total_errors"] or 0)
     timed = int(g["total_tpot_requests"] or 0)
     return UsageRow(
         tenant_id=g["tenant_id"],
@@ -248,13 +250,8 @@ def _usage_row(g: Mapping[str, Any]) -> UsageRow:
         node=g["node_name"],
         slo_class=g["slo_name"],
         attainment_target=g["slo_target"],
-        requests=n,
-        errors=int(g["total_errors"] or 0),
         prompt_tokens=int(g["total_prompt_tokens"] or 0),
         completion_tokens=int(g["total_completion_tokens"] or 0),
-        ttft_attainment=share("ttft_met"),
-        tbt_attainment=share("tbt_met"),
-        both_attainment=share("both_met"),
-        mean_ttft_ms=float(g["total_sum_ttft_ms"]) / ok if ok else None,
         mean_tpot_ms=float(g["total_sum_tpot_ms"]) / timed if timed else None,
+        **_slo_figures(g),
     )
