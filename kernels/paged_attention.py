@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
+import torch.nn.functional as F
 
 KV_CACHE_DIMS = 6  # [num_blocks, num_layers, k|v, block_tokens, num_kv_heads, head_dim]
 
@@ -253,19 +254,27 @@ def paged_attention(
         num_seqs, max_q = group.token_index.shape
         blocks = layer_cache[group.block_tables].float()
         context = blocks.shape[1] * blocks.shape[3]
-        # [seqs, kv_heads, 1, context, head_dim]: one K/V head serves its query group.
+        # [seqs, kv_heads, context, head_dim]
         key = blocks[:, :, 0].reshape(num_seqs, context, num_kv_heads, head_dim)
         value = blocks[:, :, 1].reshape(num_seqs, context, num_kv_heads, head_dim)
-        key = key.permute(0, 2, 1, 3)[:, :, None]
-        value = value.permute(0, 2, 1, 3)[:, :, None]
-        # [seqs, kv_heads, group_size, max_q, head_dim]
+        key = key.permute(0, 2, 1, 3)
+        value = value.permute(0, 2, 1, 3)
+        # [seqs, kv_heads, group_size * max_q, head_dim]: a KV head's query group is
+        # one run of rows, so the fused attention (one pass of scores, mask, softmax
+        # and weighted sum, without the scores in memory) serves GQA as it is.
         q = query[group.token_index].float()
         q = q.view(num_seqs, max_q, num_kv_heads, group_size, head_dim).permute(0, 2, 3, 1, 4)
-        scores = torch.matmul(q, key.transpose(-1, -2)) * scale
-        scores = scores.masked_fill(~group.mask, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        result = torch.matmul(probs, value).permute(0, 3, 1, 2, 4)
-        result = result.reshape(num_seqs * max_q, num_heads, head_dim)
+        rows = group_size * max_q
+        mask = group.mask.expand(num_seqs, 1, group_size, max_q, context)
+        result = F.scaled_dot_product_attention(
+            q.reshape(num_seqs, num_kv_heads, rows, head_dim),
+            key,
+            value,
+            attn_mask=mask.reshape(num_seqs, 1, rows, context),
+            scale=scale,
+        )
+        result = result.view(num_seqs, num_kv_heads, group_size, max_q, head_dim)
+        result = result.permute(0, 3, 1, 2, 4).reshape(num_seqs * max_q, num_heads, head_dim)
         out[group.tokens] = result[group.valid_index].to(query.dtype)
     return out
 
