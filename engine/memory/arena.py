@@ -65,6 +65,8 @@ class Arena:
         self.version = 0
         self._owners: list[PageOwner] = [FREE] * num_pages
         self._num_free = num_pages
+        # Pages per owner, kept as pages change hands (``counts`` is read every snapshot).
+        self._counts: Counter[PageOwner] = Counter({FREE: num_pages})
         # Per tracked chunk size, the fully free chunks in increasing order (claims take
         # the lowest: a slice).
         self._free_chunks: dict[int, list[int]] = {}
@@ -84,8 +86,8 @@ class Arena:
         return [p for p, o in enumerate(self._owners) if o == owner]
 
     def counts(self) -> Counter[PageOwner]:
-        """Pages per owner: the memory map in numbers."""
-        return Counter(self._owners)
+        """Pages per owner: the memory map in numbers (owners with pages only)."""
+        return +self._counts
 
     def convert(self, pages: Iterable[int], expect: PageOwner, new: PageOwner) -> None:
         """Give ``pages`` to ``new``; every page must belong to ``expect`` now.
@@ -110,6 +112,7 @@ class Arena:
             return
         for p in pages:
             owners[p] = new
+        self._moved(len(pages), expect, new)
         self._changed(pages, int(new == FREE) - int(expect == FREE))
 
     def track_chunks(self, pages_per_chunk: int) -> None:
@@ -132,6 +135,7 @@ class Arena:
         del free[:n]
         pages = _chunk_pages(size, chunks)
         _assign(self._owners, pages, owner)
+        self._moved(len(pages), FREE, owner)
         self._changed(pages, -1, chunks_of=(size, chunks))
         return chunks
 
@@ -148,10 +152,15 @@ class Arena:
         if len(set(chunks)) != len(chunks):
             raise ValueError("release_chunks: duplicate chunks")
         _assign(owners, pages, FREE)
+        self._moved(len(pages), owner, FREE)
         free = self._free_chunks[size]
         free += chunks
         free.sort()  # two sorted runs (or a few): merged in linear time
         self._changed(pages, 1, chunks_of=(size, chunks))
+
+    def _moved(self, num_pages: int, old: PageOwner, new: PageOwner) -> None:
+        self._counts[old] -= num_pages
+        self._counts[new] += num_pages
 
     def _changed(
         self, pages: list[int], delta: int, *, chunks_of: tuple[int, list[int]] | None = None
@@ -195,6 +204,7 @@ class Arena:
         other.version = self.version
         other._owners = self._owners.copy()
         other._num_free = self._num_free
+        other._counts = self._counts.copy()
         other._free_chunks = {size: free.copy() for size, free in self._free_chunks.items()}
         return other
 
@@ -225,6 +235,8 @@ class Arena:
         free = sum(free_flags)
         if free != self._num_free:
             raise AssertionError(f"arena counts {self._num_free} free pages, holds {free}")
+        if +self._counts != Counter(self._owners):
+            raise AssertionError("arena's pages per owner miscounted")
         for size, chunks in self._free_chunks.items():
             if chunks != self._whole_free_chunks(size):
                 raise AssertionError(f"free chunks of {size} pages misfiled")

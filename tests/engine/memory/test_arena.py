@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -196,3 +198,30 @@ def test_a_draining_chunk_allocates_nothing_and_is_released_once_empty() -> None
     pool.undrain(0)
     assert not pool.is_draining(0)
     pool.check_integrity({live[0], live[1], other[0]})
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 5), st.integers(1, 3)), max_size=40))
+def test_pages_per_owner_are_counted_as_pages_change_hands(
+    ops: list[tuple[int, int, int]],
+) -> None:
+    arena = Arena(num_pages=24, page_bytes=100)
+    arena.track_chunks(3)
+    owners = [PageOwner.kv("a"), PageOwner.kv("b"), PageOwner.weights("a", 0)]
+    held: dict[PageOwner, list[int]] = {o: [] for o in owners}
+    for verb, which, n in ops:
+        owner = owners[which % len(owners)]
+        if verb == 0 and arena.num_free_chunks(3) >= n:
+            held[owner] += arena.claim_chunks(3, n, owner)
+        elif verb == 1 and held[owner]:
+            arena.release_chunks(3, [held[owner].pop()], owner)
+        elif verb == 2:
+            free = [p for p in range(arena.num_pages) if arena.owner(p) is FREE][:n]
+            arena.convert(free, FREE, owner)
+            arena.convert(free, owner, FREE if which % 2 else owner)
+        elif verb == 3:
+            # A refused change counts nothing.
+            with pytest.raises((ValueError, IndexError)):
+                arena.convert([arena.num_pages], FREE, owner)
+        expected = Counter(arena.owner(p) for p in range(arena.num_pages))
+        assert arena.counts() == expected
+        arena.check_integrity()
