@@ -187,11 +187,14 @@ class SchedulerConfig:
     memory when it has computed KV and swap space is free; it resumes as ROTARY) or
     ``recompute`` (freed; it waits again and recomputes its context, as vLLM's V1
     engine does). ``turn_quantum_s`` is the least time a temporal model holds the turn
-    while it has work. With ``step_target_s`` the prefill tokens of a step (chunks and admissions)
-    are bounded further by a ``StepBudget``: as many as the measured step cost says fit
-    in that many seconds (decodes still come first and are not cut by it), so one long
-    prompt is chunked over several steps instead of holding every other request for
-    one long step. None (the default, and the simulator's) keeps the fixed budget.
+    while it has work. With ``step_target_s`` the tokens of a step are bounded further by
+    a ``StepBudget``: as many as the measured step cost says fit in that many seconds.
+    Decodes and prompts split it max-min fairly, decodes beyond their share waiting a
+    step (the most TBT slack first), so one long prompt is chunked over several steps
+    and a fan-out of hundreds of sequences decodes over several, instead of holding
+    every other request for one long step; and a light model's first token goes first
+    (``sched.first_tokens``). None (the default, and the
+    simulator's) keeps the fixed budget.
     ``link_bytes_per_s`` is the host link's rate in one direction where it is known (the
     simulator's profile, a measured one): ``lvf+`` keeps a request running at least as
     long as its KV's round trip over it takes. None: no such minimum.

@@ -30,5 +30,5 @@ echo "== gateway failover (CPU, 2x tiny-llama): steady load with one of two engi
 echo "== load generator: 200 req/s open loop against a local SSE fixture (64 tokens), send rate and timing error"
 "${VENV:-.venv}/bin/shunter" bench loadgen
 
-echo "== isolation (CPU, 2x tiny-llama): a quiet tenant's TTFT alone vs beside 2,047-token prompts and max fan-out"
-"${VENV:-.venv}/bin/shunter" bench isolation
+echo "== isolation (CPU, 2x tiny-llama, 2 ms step target): a quiet tenant's TTFT alone vs beside 2,047-token prompts and max fan-out"
+"${VENV:-.venv}/bin/shunter" bench isolation --step-target-ms 2 --requests 200

@@ -211,8 +211,9 @@ class Admission:
         first tokens go first: while another model has a request waiting to be admitted,
         a model's running prompts take at most the budget's least chunk, so the step that
         admits that request stays short (its first token comes one short step after it
-        was admitted, not after a full chunk of someone's long prompt); the long prompts
-        still progress every step."""
+        was admitted, not after a full chunk of someone's long prompt). Prompts that
+        wait a step for a light model's first tokens are not among ``prefills`` and
+        ``admit`` at all (``first_tokens``)."""
         running: dict[str, int] = {}
         waiting: dict[str, int] = {}
         for r in prefills:

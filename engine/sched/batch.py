@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from shunter.engine.plan import BatchEntry, StepPlan
 from shunter.engine.request import Request, RequestState
+from shunter.engine.sched.lvf import tbt_slack
 
 RUNNING = RequestState.RUNNING
 
@@ -27,6 +28,17 @@ def add_decodes(plan: StepPlan, decodes: Iterable[Request], tokens: int) -> int:
             )
             tokens -= 1
     return tokens
+
+
+def least_slack(decodes: Sequence[Request], limit: int, now: float) -> Sequence[Request]:
+    """``decodes`` cut to the ``limit`` whose TBT slack (``lvf.tbt_slack``) is least, in
+    their order: a request left out gains nothing and loses slack while it waits, so
+    it comes first a step or two later (a round robin paced by each request's own TBT
+    target: a tight request is skipped less)."""
+    if len(decodes) <= limit:
+        return decodes
+    keep = set(sorted(range(len(decodes)), key=lambda i: tbt_slack(decodes[i], now))[:limit])
+    return [r for i, r in enumerate(decodes) if i in keep]
 
 
 def add_chunk(plan: StepPlan, r: Request, tokens: int) -> int:

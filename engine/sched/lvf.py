@@ -202,6 +202,14 @@ def tbt_slack(r: Request, now: float) -> float:
     return r.num_output_tokens * r.slo.tbt_s - (now - r.t_first_token)
 
 
+def ttft_slack(r: Request, now: float) -> float:
+    """Seconds a request may wait from ``now`` for its first token and still meet its
+    TTFT SLO; once it has its first token, none is at stake (infinite)."""
+    if r.t_first_token is not None:
+        return float("inf")
+    return r.t_arr + r.slo.ttft_s - now
+
+
 def frees_slot(vlt: float, victim: Request, now: float) -> bool:
     """LVF's slot rule: a request whose blocks fit in the free ones takes the slot of a
     running request (``victim``) only if it lags (VLT > 0) and the victim has run longer

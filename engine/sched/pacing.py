@@ -25,13 +25,11 @@ from collections.abc import Mapping, Sequence
 
 from shunter.engine.sched.lvf import tbt_slack
 from shunter.engine.sched.queues import RequestQueues
+from shunter.engine.sched.step_budget import SLACK_STEPS
 from shunter.engine.sched.tenancy import Tenancy
 
 # The weight of each new pass in a model's pass-time estimate: about the last five count.
 PASS_EWMA_WEIGHT = 0.3
-# A paced model's requests must be able to wait this many estimated steps: the one it
-# sits out and the next, which it joins.
-SLACK_STEPS = 2.0
 
 
 class Pacing:

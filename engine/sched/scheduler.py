@@ -20,18 +20,20 @@ from shunter.engine.remap.remapper import Remapper
 from shunter.engine.remap.timing import LayerTiming
 from shunter.engine.request import Request, RequestState
 from shunter.engine.sched.admission import Admission
-from shunter.engine.sched.batch import add_decodes
+from shunter.engine.sched.batch import add_decodes, least_slack
 from shunter.engine.sched.capacity import Capacity
 from shunter.engine.sched.decodes import Decodes
+from shunter.engine.sched.first_tokens import FirstTokens
 from shunter.engine.sched.pacing import Pacing
 from shunter.engine.sched.policy import Policy
 from shunter.engine.sched.pressure import KvBytes
 from shunter.engine.sched.queues import RequestQueues
+from shunter.engine.sched.shares import fair_shares
 from shunter.engine.sched.step_budget import StepBudget
 from shunter.engine.sched.tenancy import Tenancy
 from shunter.engine.sched.turns import Turns
 
-WAITING, FINISHED = RequestState.WAITING, RequestState.FINISHED
+RUNNING, WAITING, FINISHED = RequestState.RUNNING, RequestState.WAITING, RequestState.FINISHED
 
 
 class Scheduler:
@@ -272,11 +274,12 @@ class Scheduler:
         stepping = executing if self.pacing is None else self.pacing.select(executing, now)
         decodes, prefills = self.decodes.reserve(stepping, plan, sitting_out, short)
         admit = self.admission.decide(stepping, plan, now, self.config.xfer_budget_blocks)
-        tokens = add_decodes(plan, decodes, self.config.max_batch_tokens)
-        if self.step_budget is not None:
-            budget = self.step_budget
-            num_decodes = self.config.max_batch_tokens - tokens
-            tokens = min(tokens, max(budget.min_tokens, budget.tokens - num_decodes))
+        if self.step_budget is None:
+            tokens = add_decodes(plan, decodes, self.config.max_batch_tokens)
+        else:
+            prefills, admit, tokens = self._within_budget(
+                self.step_budget, plan, decodes, prefills, admit, now
+            )
         self.admission.fill(plan, prefills, admit, tokens, short, now)
         self.capacity.add_starved(executing, short)
         self.turns.end_step(executing, plan, sitting_out, now)
@@ -287,6 +290,33 @@ class Scheduler:
         self.capacity.reclaim(short, executing, self.turns.lag(now), vacating)
         self.memory.end_step()
         return plan
+
+    def _within_budget(
+        self,
+        budget: StepBudget,
+        plan: StepPlan,
+        decodes: list[Request],
+        prefills: list[Request],
+        admit: list[Request],
+        now: float,
+    ) -> tuple[list[Request], list[Request], int]:
+        """Batch the decodes that fit the step budget; return the prompts that may run,
+        the admissions and the prompt tokens left. First tokens first (``FirstTokens``);
+        then decodes and prompts split the budget max-min fairly (the budget's least
+        chunk at least), so that a step of hundreds of decodes does not outlast the
+        target either and prompts still progress beside them. Decodes beyond their
+        share wait a step, the most slack first."""
+        total = max(budget.min_tokens, budget.tokens)
+        first = FirstTokens.of(admit, total, budget.sit_out_s, now, self.memory.can_allocate)
+        prefills = [r for r in prefills if not first.prompt_waits(r)]
+        admit = first.admissions(admit)
+        decodes = first.decodes(decodes)
+        prompts = sum(r.num_pending_tokens for r in prefills if r.state is RUNNING)
+        prompts += sum(r.num_pending_tokens for r in admit if r.state is WAITING)
+        share = fair_shares({"decodes": len(decodes), "prompts": prompts}, total)["decodes"]
+        num_decodes = share - add_decodes(plan, least_slack(decodes, share, now), share)
+        tokens = min(self.config.max_batch_tokens, total) - num_decodes
+        return prefills, admit, tokens
 
     def update(self, plan: StepPlan, result: StepResult, now: float) -> list[Request]:
         """Apply the executor's result at time ``now``; return the requests that finished."""

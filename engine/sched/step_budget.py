@@ -18,6 +18,9 @@ MIN_STEP_TOKENS = 32
 INITIAL_STEP_TOKENS = 256
 # The weight of each new step in the estimate: about the last ten steps count.
 EWMA_WEIGHT = 0.1
+# A request sits a step out for another's only if it could wait this many steps: the
+# one it sits out and the next, which it joins.
+SLACK_STEPS = 2.0
 
 
 @dataclass
@@ -60,6 +63,11 @@ class StepBudget:
         for i, x in enumerate((1.0, n, n * n, d, n * d)):
             self._moments[i] += w * (x - self._moments[i])
         self._fit = self._refit()
+
+    @property
+    def sit_out_s(self) -> float:
+        """The slack a request needs to sit a step out: ``SLACK_STEPS`` target steps."""
+        return SLACK_STEPS * self.target_s
 
     @property
     def per_token_s(self) -> float | None:

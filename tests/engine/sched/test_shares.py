@@ -10,8 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from shunter.engine.config import SloSpec
+from shunter.engine.core import EngineCore
 from shunter.engine.sched.shares import fair_shares
-from tests.engine.fakes import TINY, make_core, request, tiny_config
+from tests.engine.fakes import SLO, TINY, make_core, request, tiny_config
 from tests.engine.sched.helpers import timed_linearly
 
 OTHER = dataclasses.replace(TINY, name="other")
@@ -71,12 +73,14 @@ def test_a_long_prompt_of_one_model_does_not_hold_back_another_models_request(
     assert quick.num_output_tokens == 1 and long.num_output_tokens == 0
 
 
-def test_with_a_step_budget_the_step_that_admits_another_models_request_stays_short() -> None:
+def _long_prompt_then_a_quick_request(long_slo: SloSpec) -> tuple[EngineCore, list[dict[str, int]]]:
+    """A 2,000-token prompt (``long_slo``) under a 50 ms step target, then a 4-token
+    request of another model: the batches of the two steps after it arrives."""
     config = tiny_config(kv_blocks=1200, models=(TINY, OTHER), max_batch_tokens=4096)
     scheduler = dataclasses.replace(config.scheduler, step_target_s=0.05)
     core, _ = make_core(dataclasses.replace(config, scheduler=scheduler))
     timed_linearly(core)
-    long = request("long", 2000, 1)
+    long = dataclasses.replace(request("long", 2000, 1), slo=long_slo)
     core.add_request(long)
     for _ in range(2):
         core.step()
@@ -86,8 +90,20 @@ def test_with_a_step_budget_the_step_that_admits_another_models_request_stays_sh
     for _ in range(2):
         core.step()
         plans.append({e.request_id: e.num_tokens for e in core.executor.plans[-1].batch})  # type: ignore[attr-defined]
-    least = core.scheduler.step_budget.min_tokens  # type: ignore[union-attr]
-    assert plans[0] == {"long": least, "quick": 4}
+    return core, plans
+
+
+def test_a_long_prompt_with_time_to_spare_sits_out_another_models_first_token() -> None:
+    _, plans = _long_prompt_then_a_quick_request(SLO)  # 5 s to its first token
+    assert plans[0] == {"quick": 4}
     # Its first token came with that short step; now it decodes, and the prompt takes
     # its whole budget again.
+    assert plans[1]["quick"] == 1 and plans[1]["long"] > 4
+
+
+def test_a_long_prompt_without_time_to_spare_keeps_the_least_chunk_beside_a_first_token() -> None:
+    # Its TTFT target is already behind it: it cannot wait a step.
+    core, plans = _long_prompt_then_a_quick_request(SloSpec("tight", ttft_s=0.001, tbt_s=0.1))
+    least = core.scheduler.step_budget.min_tokens  # type: ignore[union-attr]
+    assert plans[0] == {"long": least, "quick": 4}
     assert plans[1]["quick"] == 1 and plans[1]["long"] > least
