@@ -6,8 +6,9 @@ last as long as the other models' work in it: their decodes, a chunk of a long p
 the first chunks of a fan-out of hundreds of prompts. A model whose admitted prompts all
 fit in one step's budget is *light*: its first tokens come at the end of this step. While
 a light model is admitted, the other models' work that has time to spare sits the step
-out: decodes whose TBT slack covers ``wait_s`` (``lvf.tbt_slack``), and prompts, running
-or waiting, whose TTFT slack does (``lvf.ttft_slack``). Work without that slack runs as
+out: decodes whose TBT slack covers two steps (``lvf.tbt_slack``), and prompts, running
+or waiting, whose TTFT slack covers two steps and the steps their own tokens take
+(``lvf.ttft_slack``). Work without that slack runs as
 before, so every request still meets what its SLO asks; a heavy model loses one step per
 light admission. Shortest first among first tokens: a light prompt goes ahead of the
 chunks of heavy ones, which could not finish in this step anyway.
@@ -22,17 +23,20 @@ from dataclasses import dataclass
 
 from shunter.engine.request import Request, RequestState
 from shunter.engine.sched.lvf import tbt_slack, ttft_slack
+from shunter.engine.sched.step_budget import SLACK_STEPS
 
 WAITING = RequestState.WAITING
 
 
 @dataclass(frozen=True)
 class FirstTokens:
-    """This step's light models (none: nothing sits out) and the slack ``wait_s`` a
-    request of another model needs to sit the step out, at time ``now``."""
+    """This step's light models (none: nothing sits out), at time ``now``, with the
+    step's token budget and its target ``step_s``: a request of another model sits the
+    step out if it could wait ``SLACK_STEPS`` steps and still meet its target."""
 
     light: frozenset[str]
-    wait_s: float
+    budget_tokens: int
+    step_s: float
     now: float
 
     @classmethod
@@ -40,7 +44,7 @@ class FirstTokens:
         cls,
         admit: Sequence[Request],
         budget_tokens: int,
-        wait_s: float,
+        step_s: float,
         now: float,
         fits: Callable[[Request], bool],
     ) -> FirstTokens:
@@ -57,7 +61,11 @@ class FirstTokens:
         light = frozenset(
             m for m, tokens in demand.items() if tokens <= budget_tokens and m not in unfit
         )
-        return cls(light, wait_s, now)
+        return cls(light, budget_tokens, step_s, now)
+
+    @property
+    def wait_s(self) -> float:
+        return SLACK_STEPS * self.step_s
 
     def sits_out(self, model: str) -> bool:
         """Whether ``model``'s work with slack sits this step out."""
@@ -77,5 +85,10 @@ class FirstTokens:
         return [r for r in admit if not (r.state is WAITING and self.prompt_waits(r))]
 
     def prompt_waits(self, r: Request) -> bool:
-        """Whether ``r``'s prompt (running or waiting) sits this step out."""
-        return self.sits_out(r.model) and ttft_slack(r, self.now) >= self.wait_s
+        """Whether ``r``'s prompt (running or waiting) sits this step out: its TTFT
+        slack covers the wait and then the steps its pending tokens take at the full
+        budget, so a flood of light requests cannot push a long prompt past its target."""
+        if not self.sits_out(r.model):
+            return False
+        steps = -(-r.num_pending_tokens // self.budget_tokens)
+        return ttft_slack(r, self.now) >= self.wait_s + steps * self.step_s

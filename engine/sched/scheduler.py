@@ -307,7 +307,7 @@ class Scheduler:
         target either and prompts still progress beside them. Decodes beyond their
         share wait a step, the most slack first."""
         total = max(budget.min_tokens, budget.tokens)
-        first = FirstTokens.of(admit, total, budget.sit_out_s, now, self.memory.can_allocate)
+        first = FirstTokens.of(admit, total, budget.target_s, now, self.memory.can_allocate)
         prefills = [r for r in prefills if not first.prompt_waits(r)]
         admit = first.admissions(admit)
         decodes = first.decodes(decodes)

@@ -32,7 +32,8 @@ class StepBudget:
     older ones fading (an exponentially weighted moving fit, so the budget follows the
     device's load). Until the steps seen differ enough in size to separate the two terms,
     the whole cost is counted per token (overhead 0): a budget too small rather than
-    too large. ``tokens`` is ``(target_s - overhead_s) / per_token_s`` within
+    too large; once they have, steps of one size keep the last fitted cost per token.
+    ``tokens`` is ``(target_s - overhead_s) / per_token_s`` within
     ``[min_tokens, max_tokens]``; ``initial_tokens`` (within the same bounds) until a
     step is measured.
     """
@@ -45,6 +46,7 @@ class StepBudget:
     # Weighted moments of (tokens, duration): 1, n, n^2, d, n*d.
     _moments: list[float] = field(default_factory=lambda: [0.0] * 5, repr=False)
     _fit: tuple[float, float] | None = field(default=None, repr=False)
+    _slope: float | None = field(default=None, repr=False)  # the last fitted per-token cost
 
     def __post_init__(self) -> None:
         if self.target_s <= 0:
@@ -63,11 +65,6 @@ class StepBudget:
         for i, x in enumerate((1.0, n, n * n, d, n * d)):
             self._moments[i] += w * (x - self._moments[i])
         self._fit = self._refit()
-
-    @property
-    def sit_out_s(self) -> float:
-        """The slack a request needs to sit a step out: ``SLACK_STEPS`` target steps."""
-        return SLACK_STEPS * self.target_s
 
     @property
     def per_token_s(self) -> float | None:
@@ -98,6 +95,13 @@ class StepBudget:
         if var > max(16.0, (0.1 * mean_n) ** 2):
             slope = (snd / s0 - mean_n * mean_d) / var
             if slope > 0:
+                self._slope = slope
                 # A negative intercept is noise around an overhead of about 0.
                 return max(0.0, mean_d - slope * mean_n), slope
+        if self._slope is not None:
+            # Steps of one size (a run of decodes) cannot tell the terms apart: keep the
+            # cost per token last fitted and let the overhead follow the steps. Without
+            # it, a run of one-token decode steps would price every token at a whole
+            # step, and the next prompt would crawl in least chunks.
+            return max(0.0, mean_d - self._slope * mean_n), self._slope
         return 0.0, max(mean_d / mean_n, 1e-9)

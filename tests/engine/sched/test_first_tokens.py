@@ -34,7 +34,7 @@ def _state(
 def test_only_models_whose_admitted_prompts_fit_one_step_are_light() -> None:
     quick = _state(request("q", 4, 8, model="other"), RequestState.WAITING)
     fan = [_state(request(f"f{i}", 16, 8), RequestState.WAITING) for i in range(8)]
-    first = FirstTokens.of([*fan, quick], budget_tokens=64, wait_s=0.1, now=1.0, fits=FITS)
+    first = FirstTokens.of([*fan, quick], budget_tokens=64, step_s=0.05, now=1.0, fits=FITS)
     assert first.light == {"other"}  # 128 tokens of 16-token prompts do not fit in 64
     assert first.sits_out("tiny") and not first.sits_out("other")
     assert first.admissions([*fan, quick]) == [quick]
@@ -42,13 +42,13 @@ def test_only_models_whose_admitted_prompts_fit_one_step_are_light() -> None:
     back = _state(request("back", 16, 8), RequestState.ROTARY)
     assert first.admissions([back, quick]) == [back, quick]
     # Nothing light admitted: nothing sits out.
-    heavy = FirstTokens.of(fan, budget_tokens=64, wait_s=0.1, now=1.0, fits=FITS)
+    heavy = FirstTokens.of(fan, budget_tokens=64, step_s=0.05, now=1.0, fits=FITS)
     assert not heavy.light and heavy.admissions(fan) == fan and not heavy.sits_out("tiny")
 
 
 def test_work_without_slack_never_sits_out() -> None:
     quick = _state(request("q", 4, 8, model="other"), RequestState.WAITING)
-    first = FirstTokens.of([quick], budget_tokens=64, wait_s=0.1, now=1.0, fits=FITS)
+    first = FirstTokens.of([quick], budget_tokens=64, step_s=0.05, now=1.0, fits=FITS)
     # Decoding since t=0.95 with 10 tokens at 0.1 s each: 0.95 s of TBT slack.
     relaxed = _state(request("relaxed", 4, 32), RequestState.RUNNING, tokens=10, t_first=0.95)
     hurried = dataclasses.replace(request("hurried", 4, 32), slo=NO_SLACK)
@@ -60,6 +60,10 @@ def test_work_without_slack_never_sits_out() -> None:
     prompt = _state(request("prompt", 2000, 1, t_arr=0.9), RequestState.RUNNING)
     late = dataclasses.replace(request("late", 2000, 1, t_arr=0.9), slo=NO_SLACK)
     assert first.prompt_waits(prompt) and not first.prompt_waits(late)
+    # 1.5 s left would cover the wait (two 50 ms steps), but not the 32 steps of 64
+    # tokens its 2,000 need after it: it keeps its place.
+    behind = _state(request("behind", 2000, 1, t_arr=-2.5), RequestState.RUNNING)
+    assert not first.prompt_waits(behind)
 
 
 def _fan_out_then_a_quick_request(target_s: float) -> tuple[EngineCore, list[Request], Request]:

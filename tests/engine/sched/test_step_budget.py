@@ -47,6 +47,20 @@ def test_steps_of_one_size_count_their_whole_cost_per_token() -> None:
     assert linear_step_s(budget.tokens) <= 0.05
 
 
+def test_a_run_of_decode_steps_keeps_the_cost_per_token_once_fitted() -> None:
+    budget = StepBudget(0.05, max_tokens=8192)
+    for n in [1, 300, 64, 1, 200] * 4:
+        budget.observe(n, linear_step_s(n))
+    fitted = budget.tokens
+    # Minutes of one-token decode steps: their size does not spread, but the cost per
+    # token fitted before still holds, so the next prompt is not cut to least chunks.
+    for _ in range(200):
+        budget.observe(1, linear_step_s(1))
+    assert budget.per_token_s == pytest.approx(PER_TOKEN_S, rel=1e-6)
+    assert budget.overhead_s == pytest.approx(OVERHEAD_S, rel=1e-3)
+    assert abs(budget.tokens - fitted) <= 1
+
+
 def test_the_budget_follows_a_device_that_slows_down() -> None:
     budget = StepBudget(0.05, max_tokens=8192)
     sizes = [1, 50, 200, 400]
