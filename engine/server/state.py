@@ -119,7 +119,7 @@ def engine_facts(loop: EngineLoop) -> dict[str, Any]:
             },
             "host_swap_blocks_used": memory.host.num_used(name),
         }
-    pages: Counter[str] = Counter()
+    pages: Counter[str] = Counter({"free": 0})  # listed even when every page is taken
     for owner, n in owners.items():
         pages["free" if owner.kind is OwnerKind.FREE else f"{owner.kind.value}:{owner.model}"] += n
     totals = engine.totals
