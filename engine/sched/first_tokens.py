@@ -8,10 +8,10 @@ fit in one step's budget is *light*: its first tokens come at the end of this st
 a light model is admitted, the other models' work that has time to spare sits the step
 out: decodes whose TBT slack covers two steps (``lvf.tbt_slack``), and prompts, running
 or waiting, whose TTFT slack covers two steps and the steps their own tokens take
-(``lvf.ttft_slack``). Work without that slack runs as
-before, so every request still meets what its SLO asks; a heavy model loses one step per
-light admission. Shortest first among first tokens: a light prompt goes ahead of the
-chunks of heavy ones, which could not finish in this step anyway.
+(``lvf.ttft_slack``). Work without that slack runs as before, so every request still
+meets what its SLO asks; a heavy model loses one step per light admission. Shortest
+first among first tokens: a light prompt goes ahead of the chunks of heavy ones, which
+could not finish in this step anyway.
 
 Pure logic: no torch.
 """
