@@ -25,7 +25,7 @@ from shunter.engine.request import Request, RequestState
 from shunter.engine.sched.lvf import tbt_slack, ttft_slack
 from shunter.engine.sched.step_budget import SLACK_STEPS
 
-WAITING = RequestState.WAITING
+WAITING, ROTARY = RequestState.WAITING, RequestState.ROTARY
 
 
 @dataclass(frozen=True)
@@ -71,23 +71,23 @@ class FirstTokens:
         """Whether ``model``'s work with slack sits this step out."""
         return bool(self.light) and model not in self.light
 
-    def decodes(self, decodes: Sequence[Request]) -> list[Request]:
+    def decodes(self, decodes: list[Request]) -> list[Request]:
         """``decodes`` less those of the other models that can wait a step."""
         if not self.light:
-            return list(decodes)
+            return decodes
         return [r for r in decodes if r.model in self.light or tbt_slack(r, self.now) < self.wait_s]
 
-    def admissions(self, admit: Sequence[Request]) -> list[Request]:
-        """``admit`` less the other models' waiting requests that can wait (rotary
-        ones still swap in: their copies overlap the step and add no compute)."""
+    def prompts(self, prompts: list[Request]) -> list[Request]:
+        """``prompts`` (running or waiting; rotary ones still swap in, since their copies
+        overlap the step and add no compute) less those that can wait a step."""
         if not self.light:
-            return list(admit)
-        return [r for r in admit if not (r.state is WAITING and self.prompt_waits(r))]
+            return prompts
+        return [r for r in prompts if r.state is ROTARY or not self.prompt_waits(r)]
 
     def prompt_waits(self, r: Request) -> bool:
-        """Whether ``r``'s prompt (running or waiting) sits this step out: its TTFT
-        slack covers the wait and then the steps its pending tokens take at the full
-        budget, so a flood of light requests cannot push a long prompt past its target."""
+        """Whether ``r``'s prompt sits this step out: its TTFT slack covers the wait
+        and then the steps its pending tokens take at the full budget, so a flood of
+        light requests cannot push a long prompt past its target."""
         if not self.sits_out(r.model):
             return False
         steps = -(-r.num_pending_tokens // self.budget_tokens)

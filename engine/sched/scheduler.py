@@ -308,8 +308,7 @@ class Scheduler:
         share wait a step, the most slack first."""
         total = max(budget.min_tokens, budget.tokens)
         first = FirstTokens.of(admit, total, budget.target_s, now, self.memory.can_allocate)
-        prefills = [r for r in prefills if not first.prompt_waits(r)]
-        admit = first.admissions(admit)
+        prefills, admit = first.prompts(prefills), first.prompts(admit)
         decodes = first.decodes(decodes)
         prompts = sum(r.num_pending_tokens for r in prefills if r.state is RUNNING)
         prompts += sum(r.num_pending_tokens for r in admit if r.state is WAITING)

@@ -286,30 +286,20 @@ class Exchange:
                 headers=self._upstream_headers(),
                 timeout=read_timeout(read_s),
             )
-            upstream: aiohttp.ClientResponse | None = None
-            first = b""
             try:
-                upstream = await self._first_byte(post, tried)
-                if upstream.status == 200 and upstream.content_type == "text/event-stream":
-                    # Nothing reaches the client before the stream's first event: an
-                    # engine that fails before it can still be failed over.
-                    first = await self._first_byte(_first_chunk(upstream), tried)
+                upstream, first = await self._open(post, tried)
             except aiohttp.SocketTimeoutError as e:
-                _close(upstream)
                 return self._timed_out(read_s, e)
             except EngineHung as e:
-                _close(upstream)
                 if await self._fail_over(tried, e):
                     continue
                 return self._unavailable(str(e), e)
             except (aiohttp.ClientError, TimeoutError, OSError) as e:
-                _close(upstream)
                 if await self._fail_over(tried, e):
                     continue
                 what = f"The engine of {self.route.model_name!r} is unreachable"
                 return self._unavailable(what, e)
             except BaseException:
-                _close(upstream)
                 self._end("aborted", "client_disconnected", 499)
                 raise
             self.reported_prompt_tokens = _count(upstream.headers.get(PROMPT_TOKENS_HEADER))
@@ -330,13 +320,29 @@ class Exchange:
             return self._decorate(reply)
         return await self._collect(upstream)
 
+    async def _open(
+        self, post: Awaitable[aiohttp.ClientResponse], tried: set[int]
+    ) -> tuple[aiohttp.ClientResponse, bytes]:
+        """The engine's response once its head arrives, with a stream's first bytes
+        (``b""`` for any other answer): nothing reaches the client before the stream's
+        first event, so an engine that fails before it can still be failed over. A
+        response whose first event does not come is closed before the error is raised."""
+        upstream = await self._first_byte(post, tried)
+        if upstream.status != 200 or upstream.content_type != "text/event-stream":
+            return upstream, b""
+        try:
+            return upstream, await self._first_byte(_first_chunk(upstream), tried)
+        except BaseException:
+            upstream.close()
+            raise
+
     async def _first_byte(self, post: Awaitable[T], tried: set[int]) -> T:
-        """The engine's response once its head (or a stream's first event) arrives.
-        While it has not, the engine is
-        asked ``/health`` every ``first_byte_s(route)``: one that does not answer is
-        hung (``EngineHung``) when another replica can take the request, or after
-        ``settings.NODE_POLL_MISSES`` unanswered probes in a row when none can; one
-        that answers is slow (queued, a long answer not streamed) and is waited for."""
+        """``post``'s result once the engine's head (or a stream's first event)
+        arrives. While it has not, the engine is asked ``/health`` every
+        ``first_byte_s(route)``: one that does not answer is hung (``EngineHung``) when
+        another replica can take the request, or after ``settings.NODE_POLL_MISSES``
+        unanswered probes in a row when none can; one that answers is slow (queued, a
+        long answer not streamed) and is waited for."""
         answer = asyncio.ensure_future(post)
         watch_s = first_byte_s(self.route)
         unanswered = 0
@@ -879,11 +885,6 @@ async def _chunks(first: bytes, upstream: aiohttp.ClientResponse) -> AsyncIterat
     yield first
     async for data in upstream.content.iter_any():
         yield data
-
-
-def _close(upstream: aiohttp.ClientResponse | None) -> None:
-    if upstream is not None:
-        upstream.close()
 
 
 def _cannot_serve_now(status: int, raw: bytes) -> bool:

@@ -16,7 +16,7 @@ OTHER = dataclasses.replace(TINY, name="other")
 NO_SLACK = SloSpec("no-slack", ttft_s=0.001, tbt_s=0.001)
 
 
-def FITS(r: Request) -> bool:
+def fits_anywhere(_: Request) -> bool:
     return True
 
 
@@ -34,21 +34,23 @@ def _state(
 def test_only_models_whose_admitted_prompts_fit_one_step_are_light() -> None:
     quick = _state(request("q", 4, 8, model="other"), RequestState.WAITING)
     fan = [_state(request(f"f{i}", 16, 8), RequestState.WAITING) for i in range(8)]
-    first = FirstTokens.of([*fan, quick], budget_tokens=64, step_s=0.05, now=1.0, fits=FITS)
+    first = FirstTokens.of(
+        [*fan, quick], budget_tokens=64, step_s=0.05, now=1.0, fits=fits_anywhere
+    )
     assert first.light == {"other"}  # 128 tokens of 16-token prompts do not fit in 64
     assert first.sits_out("tiny") and not first.sits_out("other")
-    assert first.admissions([*fan, quick]) == [quick]
+    assert first.prompts([*fan, quick]) == [quick]
     # A swap-in is no first token: its copy overlaps the step and it stays.
     back = _state(request("back", 16, 8), RequestState.ROTARY)
-    assert first.admissions([back, quick]) == [back, quick]
+    assert first.prompts([back, quick]) == [back, quick]
     # Nothing light admitted: nothing sits out.
-    heavy = FirstTokens.of(fan, budget_tokens=64, step_s=0.05, now=1.0, fits=FITS)
-    assert not heavy.light and heavy.admissions(fan) == fan and not heavy.sits_out("tiny")
+    heavy = FirstTokens.of(fan, budget_tokens=64, step_s=0.05, now=1.0, fits=fits_anywhere)
+    assert not heavy.light and heavy.prompts(fan) == fan and not heavy.sits_out("tiny")
 
 
 def test_work_without_slack_never_sits_out() -> None:
     quick = _state(request("q", 4, 8, model="other"), RequestState.WAITING)
-    first = FirstTokens.of([quick], budget_tokens=64, step_s=0.05, now=1.0, fits=FITS)
+    first = FirstTokens.of([quick], budget_tokens=64, step_s=0.05, now=1.0, fits=fits_anywhere)
     # Decoding since t=0.95 with 10 tokens at 0.1 s each: 0.95 s of TBT slack.
     relaxed = _state(request("relaxed", 4, 32), RequestState.RUNNING, tokens=10, t_first=0.95)
     hurried = dataclasses.replace(request("hurried", 4, 32), slo=NO_SLACK)
