@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -170,6 +171,22 @@ class TenantSpec:
             raise ValueError(f"tenant {self.model!r}: sharing must be one of {SHARING_MODES}")
         if self.kv_floor < 0 or (self.kv_ceiling is not None and self.kv_ceiling < self.kv_floor):
             raise ValueError(f"tenant {self.model!r}: need 0 <= kv_floor <= kv_ceiling")
+
+
+# A decode waits behind at most one step, and its token gap also holds the rest of the
+# engine's round (scheduling, sampling, delivery): half the tightest TBT target for the
+# step leaves the other half for those and for a swap-in's wait.
+STEP_TARGET_TBT_FRACTION = 0.5
+# Without SLO classes: 100 ms, about where a stream's pauses start to show to a reader,
+# while a chunk still amortizes the step's fixed cost over many tokens.
+DEFAULT_STEP_TARGET_S = 0.1
+
+
+def default_step_target_s(slos: Iterable[SloSpec | None]) -> float:
+    """The time a step should take for models of these SLO classes: a fraction of the
+    tightest TBT target, else a default (what an engine runs with unless told)."""
+    tbts = [slo.tbt_s for slo in slos if slo is not None]
+    return STEP_TARGET_TBT_FRACTION * min(tbts) if tbts else DEFAULT_STEP_TARGET_S
 
 
 @dataclass(frozen=True)

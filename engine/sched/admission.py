@@ -24,7 +24,6 @@ from shunter.engine.sched.preemption import preempt
 from shunter.engine.sched.pressure import KvBytes
 from shunter.engine.sched.queues import RequestQueues
 from shunter.engine.sched.shares import fair_shares
-from shunter.engine.sched.step_budget import StepBudget
 from shunter.engine.sched.tenancy import Tenancy
 
 RUNNING, ROTARY, WAITING = RequestState.RUNNING, RequestState.ROTARY, RequestState.WAITING
@@ -39,8 +38,7 @@ class Admission:
     order; without it a rotating policy's transfer budget is 0. ``max_running`` caps the
     running requests of every model together; ``swap``: preempted requests rotate out
     when they can, else recompute; ``link_bytes_per_s``, where known, prices a
-    rotation for the policy (``PolicyInput.swap_s``). With a ``step_budget``, first
-    tokens go first (``prefill_demand``).
+    rotation for the policy (``PolicyInput.swap_s``).
     """
 
     memory: KVMemory
@@ -53,7 +51,6 @@ class Admission:
     max_running: int
     swap: bool
     link_bytes_per_s: float | None
-    step_budget: StepBudget | None
     _joining: list[Request] = field(default_factory=list, init=False)
     _swap_s: Callable[[Request], float] | None = field(default=None, init=False)
 
@@ -207,13 +204,9 @@ class Admission:
         self, prefills: Sequence[Request], admit: Sequence[Request]
     ) -> tuple[dict[str, int], dict[str, int]]:
         """Prefill tokens each model could batch this step: its running prompts' pending
-        tokens, and those of its waiting requests the policy admits. With a step budget,
-        first tokens go first: while another model has a request waiting to be admitted,
-        a model's running prompts take at most the budget's least chunk, so the step that
-        admits that request stays short (its first token comes one short step after it
-        was admitted, not after a full chunk of someone's long prompt). Prompts that
-        wait a step for a light model's first tokens are not among ``prefills`` and
-        ``admit`` at all (``first_tokens``)."""
+        tokens, and those of its waiting requests the policy admits. Prompts that wait a
+        step for a light model's first tokens are not among ``prefills`` and ``admit`` at
+        all (``first_tokens``)."""
         running: dict[str, int] = {}
         waiting: dict[str, int] = {}
         for r in prefills:
@@ -222,11 +215,6 @@ class Admission:
         for r in admit:
             if r.state is WAITING:
                 waiting[r.model] = waiting.get(r.model, 0) + r.num_pending_tokens
-        if self.step_budget is not None:
-            least = self.step_budget.min_tokens
-            for m in running:
-                if any(other != m for other in waiting):
-                    running[m] = min(running[m], least)
         return running, waiting
 
     def _admit(self, r: Request, plan: StepPlan, now: float, tokens: int) -> int | None:

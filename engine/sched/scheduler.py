@@ -29,7 +29,7 @@ from shunter.engine.sched.policy import Policy
 from shunter.engine.sched.pressure import KvBytes
 from shunter.engine.sched.queues import RequestQueues
 from shunter.engine.sched.shares import fair_shares
-from shunter.engine.sched.step_budget import StepBudget
+from shunter.engine.sched.step_budget import StepBudget, StepShape
 from shunter.engine.sched.tenancy import Tenancy
 from shunter.engine.sched.turns import Turns
 
@@ -97,6 +97,7 @@ class Scheduler:
             if target is None
             else StepBudget(target, max_tokens=config.scheduler.max_batch_tokens)
         )
+        self.last_step_tokens: int | None = None
         swap = config.scheduler.preemption == "swap"
         self.decodes = Decodes(memory, self.queues, self.kv, swap=swap)
         self.pacing = Pacing(self.queues, self.tenancy) if policy.paces else None
@@ -112,7 +113,6 @@ class Scheduler:
             max_running=config.scheduler.max_running,
             swap=swap,
             link_bytes_per_s=config.scheduler.link_bytes_per_s,
-            step_budget=self.step_budget,
         )
 
     @property
@@ -227,10 +227,13 @@ class Scheduler:
 
     @property
     def step_tokens(self) -> int:
-        """The token budget of the next step: the ``StepBudget``'s, else the fixed one."""
+        """The token budget of a step: the last one the ``StepBudget`` gave (its whole-
+        step estimate before any), else the fixed one."""
         if self.step_budget is None:
             return self.config.max_batch_tokens
-        return self.step_budget.tokens
+        if self.last_step_tokens is None:
+            return self.step_budget.tokens
+        return self.last_step_tokens
 
     @property
     def num_running(self) -> int:
@@ -306,21 +309,30 @@ class Scheduler:
         chunk at least), so that a step of hundreds of decodes does not outlast the
         target either and prompts still progress beside them. Decodes beyond their
         share wait a step, the most slack first."""
-        total = max(budget.min_tokens, budget.tokens)
+        max_tokens = self.config.max_batch_tokens
+        total = budget.tokens_for(_StepWork(decodes, prefills, admit, max_tokens).shape)
         first = FirstTokens.of(admit, total, budget.target_s, now, self.memory.can_allocate)
-        prefills, admit = first.prompts(prefills), first.prompts(admit)
-        decodes = first.decodes(decodes)
-        prompts = sum(r.num_pending_tokens for r in prefills if r.state is RUNNING)
-        prompts += sum(r.num_pending_tokens for r in admit if r.state is WAITING)
-        share = fair_shares({"decodes": len(decodes), "prompts": prompts}, total)["decodes"]
+        if first.light:  # the step runs less: its budget is that work's
+            prefills, admit = first.prompts(prefills), first.prompts(admit)
+            decodes = first.decodes(decodes)
+            total = budget.tokens_for(_StepWork(decodes, prefills, admit, max_tokens).shape)
+        self.last_step_tokens = total
+        share = _StepWork(decodes, prefills, admit, max_tokens).decode_share(total)
         num_decodes = share - add_decodes(plan, least_slack(decodes, share, now), share)
-        tokens = min(self.config.max_batch_tokens, total) - num_decodes
+        tokens = min(max_tokens, total) - num_decodes
         return prefills, admit, tokens
 
     def update(self, plan: StepPlan, result: StepResult, now: float) -> list[Request]:
         """Apply the executor's result at time ``now``; return the requests that finished."""
         if self.step_budget is not None:
-            self.step_budget.observe(plan.num_batch_tokens, result.duration_s)
+            tokens = dict.fromkeys(result.compute_s, 0)
+            for entry in plan.batch:
+                if entry.model in tokens:
+                    tokens[entry.model] += entry.num_tokens
+            passes = {m: (tokens[m], seconds) for m, seconds in result.compute_s.items()}
+            self.step_budget.observe(
+                plan.num_batch_tokens, result.duration_s, passes, num_seqs=len(plan.batch)
+            )
         if self.pacing is not None:
             self.pacing.observe(result.compute_s)
         if self.tenancy.turn_length.is_measuring:  # only the steps after a switch
@@ -352,3 +364,41 @@ class Scheduler:
         del self.requests[r.id]
         r.t_finish = now
         self._released.append(r.id)
+
+
+class _StepWork:
+    """The work a budgeted step chooses from: decodes, running prompts and admissions,
+    and how a budget of some total tokens would split it (``shape``): decodes and
+    prompts max-min fairly, each side's tokens among the models max-min fairly, as
+    ``Scheduler._within_budget`` and ``Admission.fill`` do."""
+
+    def __init__(
+        self,
+        decodes: list[Request],
+        prefills: list[Request],
+        admit: list[Request],
+        max_tokens: int,
+    ) -> None:
+        self.max_tokens = max_tokens
+        self.decodes: dict[str, int] = {}
+        for r in decodes:
+            self.decodes[r.model] = self.decodes.get(r.model, 0) + 1
+        self.prompts: dict[str, int] = {}
+        self.prompt_seqs: dict[str, int] = {}
+        prompts = [r for r in prefills if r.state is RUNNING]
+        for r in prompts + [r for r in admit if r.state is WAITING]:
+            self.prompts[r.model] = self.prompts.get(r.model, 0) + r.num_pending_tokens
+            self.prompt_seqs[r.model] = self.prompt_seqs.get(r.model, 0) + 1
+
+    def decode_share(self, total: int) -> int:
+        demand = {"decodes": sum(self.decodes.values()), "prompts": sum(self.prompts.values())}
+        return fair_shares(demand, total)["decodes"]
+
+    def shape(self, total: int) -> StepShape:
+        share = self.decode_share(total)
+        tokens = fair_shares(self.decodes, share)
+        chunks = fair_shares(self.prompts, min(self.max_tokens, total) - share)
+        seqs = share + sum(min(self.prompt_seqs[m], n) for m, n in chunks.items())
+        for m, n in chunks.items():
+            tokens[m] = tokens.get(m, 0) + n
+        return StepShape(tokens, seqs)

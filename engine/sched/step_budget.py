@@ -1,12 +1,17 @@
 """StepBudget: the per-step token budget that keeps each step within a target time.
 
 Pure logic: no torch. The scheduler asks it how many tokens the next step may batch;
-after each step it is told how many tokens the step batched and how long it took.
+after each step it is told how many tokens the step batched and how long it took, and,
+where the executor measures them, each model's tokens and forward seconds.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+
+from shunter.engine.sched.step_cost import CostCurve
 
 # Chunks below this many tokens cost more in per-step overhead than they save in step
 # time: the budget never drops under it (with a target under the overhead, steps run
@@ -18,9 +23,23 @@ MIN_STEP_TOKENS = 32
 INITIAL_STEP_TOKENS = 256
 # The weight of each new step in the estimate: about the last ten steps count.
 EWMA_WEIGHT = 0.1
+# A step whose least cost exceeds the target (each model's pass reads all of its weights,
+# whatever the batch) may grow within this share of that least cost: on a GPU a pass
+# costs its weight reads until its compute takes over (the roofline's knee), and below
+# the knee its cost still creeps up with the tokens' attention, so "no dearer than the
+# least step" must allow a margin or the step would stay at the least chunk.
+FLAT_COST_MARGIN = 0.1
 # A request sits a step out for another's only if it could wait this many steps: the
 # one it sits out and the next, which it joins.
 SLACK_STEPS = 2.0
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What a step would batch: each model's ``tokens`` and ``num_seqs`` sequences."""
+
+    tokens: Mapping[str, int]
+    num_seqs: int
 
 
 @dataclass
@@ -36,6 +55,14 @@ class StepBudget:
     ``tokens`` is ``(target_s - overhead_s) / per_token_s`` within
     ``[min_tokens, max_tokens]``; ``initial_tokens`` (within the same bounds) until a
     step is measured.
+
+    Where the executor reports each model's pass (``observe``'s ``passes``), the budget
+    of a step also knows what it runs (``tokens_for``): each model's pass costs what its
+    ``CostCurve`` says for its tokens, and the rest of the step (host work per sequence,
+    copies waited for) what a curve by sequences says. A step of several models may cost
+    more than the target before any prompt token joins it (each pass reads its model's
+    weights): such a step may then take as many tokens as keep it near the cost of its
+    smallest passes, rather than the least chunk a line through all steps would allow.
     """
 
     target_s: float
@@ -47,6 +74,9 @@ class StepBudget:
     _moments: list[float] = field(default_factory=lambda: [0.0] * 5, repr=False)
     _fit: tuple[float, float] | None = field(default=None, repr=False)
     _slope: float | None = field(default=None, repr=False)  # the last fitted per-token cost
+    # Each model's pass by its tokens, and the rest of a step by its sequences.
+    _curves: dict[str, CostCurve] = field(default_factory=dict, repr=False)
+    _rest: CostCurve = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.target_s <= 0:
@@ -55,16 +85,60 @@ class StepBudget:
             raise ValueError("need 0 < min_tokens <= max_tokens")
         if not 0 < self.weight <= 1:
             raise ValueError("the weight must be in (0, 1]")
+        self._rest = CostCurve(self.weight)
 
-    def observe(self, num_tokens: int, duration_s: float) -> None:
-        """A step batched ``num_tokens`` tokens in ``duration_s`` seconds; steps that
-        batched nothing (copies only) say nothing about the cost of tokens."""
+    def observe(
+        self,
+        num_tokens: int,
+        duration_s: float,
+        passes: Mapping[str, tuple[int, float]] | None = None,
+        num_seqs: int = 0,
+    ) -> None:
+        """A step batched ``num_tokens`` tokens of ``num_seqs`` sequences in
+        ``duration_s`` seconds, and ran each model of ``passes`` over ``(tokens,
+        seconds of compute)``; steps that batched nothing (copies only) say nothing
+        about the cost of tokens."""
         if num_tokens <= 0 or duration_s < 0:
             return
         n, d, w = float(num_tokens), duration_s, self.weight
         for i, x in enumerate((1.0, n, n * n, d, n * d)):
             self._moments[i] += w * (x - self._moments[i])
         self._fit = self._refit()
+        if not passes or num_seqs <= 0:
+            return
+        for model, (tokens, seconds) in passes.items():
+            self._curves.setdefault(model, CostCurve(w)).observe(tokens, seconds)
+        rest = max(0.0, duration_s - sum(seconds for _, seconds in passes.values()))
+        self._rest.observe(num_seqs, rest)
+
+    def tokens_for(self, shape: Callable[[int], StepShape]) -> int:
+        """The token budget of a step that would batch ``shape(total)`` for a budget of
+        ``total`` tokens: the most tokens whose estimated step takes at most the target,
+        or, where the step of each model's smallest pass is longer, at most
+        ``FLAT_COST_MARGIN`` longer than that; at least ``min_tokens``. A step's
+        estimate is each model's pass (its ``CostCurve``) plus the rest of the step for
+        its sequences (host work: scheduling, sampling, delivery). ``tokens`` while a
+        model of it has no measured pass."""
+        whole = shape(self.max_tokens)
+        models = [m for m, n in whole.tokens.items() if n > 0]
+        curves, rest = self._curves, self._rest
+        if not models or not rest.is_measured or not set(models) <= curves.keys():
+            return self.tokens
+
+        def step_s(total: int) -> float:
+            planned = shape(total)
+            passes = (curves[m].seconds(n) for m, n in planned.tokens.items() if n > 0)
+            return rest.seconds(planned.num_seqs) + math.fsum(passes)
+
+        least = rest.least_s + math.fsum(curves[m].least_s for m in models)
+        allowed = max(self.target_s, (1 + FLAT_COST_MARGIN) * least)
+        low, high = self.min_tokens, min(self.max_tokens, sum(whole.tokens.values()))
+        if high <= low or step_s(high) <= allowed:
+            return max(low, high)
+        while low < high:  # the largest total within ``allowed`` (step_s never decreases)
+            mid = (low + high + 1) // 2
+            low, high = (mid, high) if step_s(mid) <= allowed else (low, mid - 1)
+        return low
 
     @property
     def per_token_s(self) -> float | None:

@@ -30,7 +30,7 @@ import aiohttp
 import torch
 
 from shunter.engine.benchfigure import ReportItem
-from shunter.engine.config import SloSpec
+from shunter.engine.config import SloSpec, default_step_target_s
 from shunter.engine.exec.model_init import init_model_dir, preset_config
 from shunter.engine.server.bench import (
     MODEL,
@@ -41,7 +41,6 @@ from shunter.engine.server.bench import (
 )
 from shunter.engine.server.bench_isolation import completion_body
 from shunter.engine.server.openai_api import slo_to_header
-from shunter.engine.server.serve import STEP_TARGET_TBT_FRACTION
 from shunter.engine.sim.isolation import (
     AGGRESSOR_RATE_FACTOR,
     BATCH,
@@ -108,7 +107,7 @@ def bench_isolation_variants(
         raise ValueError(f"unknown variants {unknown}: choose from {list(ENGINE_VARIANTS)}")
     torch.set_num_threads(threads)
     if step_target_ms is None:
-        step_target_ms = 1000 * STEP_TARGET_TBT_FRACTION * INTERACTIVE.tbt_s
+        step_target_ms = 1000 * default_step_target_s([INTERACTIVE, BATCH])
     victim_times = poisson_arrivals(rate, requests, random.Random(seed))
     # Twice the draws the victim's window holds on average, cut at its last arrival.
     aggressor_times = [

@@ -6,7 +6,13 @@ import dataclasses
 
 import torch
 
-from shunter.engine.config import EngineConfig, ModelSpec, SchedulerConfig, TenantSpec
+from shunter.engine.config import (
+    EngineConfig,
+    ModelSpec,
+    SchedulerConfig,
+    TenantSpec,
+    default_step_target_s,
+)
 from shunter.engine.exec.serving import TorchEngine, model_specs
 from shunter.engine.exec.sizing import KVNeed, default_host_swap_bytes, serving_config
 from shunter.engine.server.context import ServerState
@@ -14,14 +20,6 @@ from shunter.engine.server.loop import EngineLoop
 from shunter.engine.server.metrics import ServerMetrics
 from shunter.engine.server.models import ModelArg, ServedModel, load_served_model
 from shunter.engine.server.settings import EngineSettings
-
-# A decode waits behind at most one step, and its token gap also holds the rest of the
-# engine's round (scheduling, sampling, delivery): half the tightest TBT target for the
-# step leaves the other half for those and for a swap-in's wait.
-STEP_TARGET_TBT_FRACTION = 0.5
-# Without SLO classes: 100 ms, about where a stream's pauses start to show to a reader,
-# while a chunk still amortizes the step's fixed cost over many tokens.
-DEFAULT_STEP_TARGET_S = 0.1
 
 
 def engine_config(settings: EngineSettings, *, check_integrity: bool = False) -> EngineConfig:
@@ -67,8 +65,7 @@ def step_target_s(settings: EngineSettings) -> float:
     of the tightest TBT target among the models' SLO classes, else a default."""
     if settings.step_target_s is not None:
         return settings.step_target_s
-    tbts = [m.slo.tbt_s for m in settings.models if m.slo is not None]
-    return STEP_TARGET_TBT_FRACTION * min(tbts) if tbts else DEFAULT_STEP_TARGET_S
+    return default_step_target_s(m.slo for m in settings.models)
 
 
 def context_tokens(model: ModelArg, spec: ModelSpec) -> int:

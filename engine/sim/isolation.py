@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from shunter.engine.benchfigure import BenchFigure, ReportItem
-from shunter.engine.config import SloSpec
+from shunter.engine.config import SloSpec, default_step_target_s
 from shunter.engine.sim.metrics import RequestRecord, Summary, summarize
 from shunter.engine.sim.report import LABEL
 from shunter.engine.sim.runner import SimConfig, SimRun, simulate
@@ -99,16 +99,16 @@ class IsolationSpec:
     """What ``shunter bench isolation --on sim`` runs: each of ``scenarios`` (``PAIRINGS``)
     with each of ``variants`` (``VARIANTS``), ``duration_s`` seconds of arrivals seeded by
     ``seed``, the victim at ``rate`` requests per second (None: the pairing's).
-    ``step_target_s`` bounds each step's prefill as the engine's step target does
-    (``SchedulerConfig.step_target_s``; None, the simulator's default: the fixed token
-    budget alone)."""
+    ``step_target_s`` is the step target (``SchedulerConfig.step_target_s``): by default
+    the one an engine serving these two classes runs with (``default_step_target_s``,
+    25 ms); None runs the simulator's fixed token budget alone."""
 
     scenarios: tuple[str, ...] = tuple(PAIRINGS)
     variants: tuple[str, ...] = tuple(VARIANTS)
     rate: float | None = None
     duration_s: float = 120.0
     seed: int = 0
-    step_target_s: float | None = None
+    step_target_s: float | None = default_step_target_s([INTERACTIVE, BATCH])
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.scenarios if s not in PAIRINGS]

@@ -14,7 +14,7 @@ from shunter.engine.config import SloSpec
 from shunter.engine.core import EngineCore
 from shunter.engine.sched.shares import fair_shares
 from tests.engine.fakes import SLO, TINY, make_core, request, tiny_config
-from tests.engine.sched.helpers import timed_linearly
+from tests.engine.sched.helpers import linear_step_s, timed_linearly
 
 OTHER = dataclasses.replace(TINY, name="other")
 
@@ -101,9 +101,12 @@ def test_a_long_prompt_with_time_to_spare_sits_out_another_models_first_token() 
     assert plans[1]["quick"] == 1 and plans[1]["long"] > 4
 
 
-def test_a_long_prompt_without_time_to_spare_keeps_the_least_chunk_beside_a_first_token() -> None:
-    # Its TTFT target is already behind it: it cannot wait a step.
+def test_a_long_prompt_without_time_to_spare_keeps_its_share_beside_a_first_token() -> None:
+    # Its TTFT target is already behind it: it cannot wait a step, nor shrink to a least
+    # chunk. It keeps its fair share of the step budget beside the first token, and the
+    # step stays within its target.
     core, plans = _long_prompt_then_a_quick_request(SloSpec("tight", ttft_s=0.001, tbt_s=0.1))
     least = core.scheduler.step_budget.min_tokens  # type: ignore[union-attr]
-    assert plans[0] == {"long": least, "quick": 4}
+    assert plans[0]["quick"] == 4 and plans[0]["long"] > least
+    assert linear_step_s(sum(plans[0].values())) <= 0.05 + 1e-9
     assert plans[1]["quick"] == 1 and plans[1]["long"] > least

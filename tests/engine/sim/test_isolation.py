@@ -33,6 +33,12 @@ def comparison() -> Comparison:
     return compare(SPEC, "c1", "vllm")
 
 
+@pytest.fixture(scope="module")
+def unbounded() -> Comparison:
+    """The same without a step target: the simulator's fixed token budget alone."""
+    return compare(dataclasses.replace(SPEC, step_target_s=None), "c1", "vllm")
+
+
 def test_the_victim_runs_the_same_requests_alone_and_beside_a_tenfold_aggressor(
     comparison: Comparison,
 ) -> None:
@@ -43,18 +49,32 @@ def test_the_victim_runs_the_same_requests_alone_and_beside_a_tenfold_aggressor(
 
 
 def test_the_aggressor_slows_the_victim_and_the_ratios_are_against_alone(
-    comparison: Comparison,
+    unbounded: Comparison,
 ) -> None:
-    alone, beside = comparison.alone, comparison.beside
+    alone, beside = unbounded.alone, unbounded.beside
     # Alone, the small model meets the interactive class for every request.
     assert alone.slo_attainment == 1.0
     assert alone.ttft_s.p99 is not None and beside.ttft_s.p99 is not None
-    assert comparison.ttft_ratio == pytest.approx(beside.ttft_s.p99 / alone.ttft_s.p99)
+    assert unbounded.ttft_ratio == pytest.approx(beside.ttft_s.p99 / alone.ttft_s.p99)
     assert alone.itl_s.p99 is not None and beside.itl_s.p99 is not None
-    assert comparison.tbt_ratio == pytest.approx(beside.itl_s.p99 / alone.itl_s.p99)
-    # The aggressor's 1,469-token prefills share the victim's steps.
-    assert comparison.ttft_ratio > 1.5
-    assert comparison.tbt_ratio > 1.5
+    assert unbounded.tbt_ratio == pytest.approx(beside.itl_s.p99 / alone.itl_s.p99)
+    # Without a step target the aggressor's 1,469-token prefills share the victim's steps.
+    assert unbounded.ttft_ratio > 3
+    assert unbounded.tbt_ratio > 3
+
+
+def test_the_engines_step_target_keeps_the_victims_ttft_within_the_target() -> None:
+    # Each step of the two models costs about 26 ms of weight reads and host work, over
+    # the 25 ms target: the step budget lets the aggressor's chunks grow to what those
+    # reads pay for (``StepBudget.tokens_for``), not the least chunk, so the aggressor is
+    # served in full, and the victim's first token comes within 1.5x of alone. 30 s:
+    # over the first seconds each model's chunks still double up to their cost's knee.
+    assert SPEC.step_target_s == pytest.approx(0.025)
+    run = compare(dataclasses.replace(SPEC, duration_s=30.0), "c1", "vllm")
+    assert run.ttft_ratio <= isolation.TARGET_TTFT_RATIO
+    assert run.beside.slo_attainment == 1.0
+    assert run.aggressor.num_succeeded == run.aggressor.num_requests == 150
+    assert run.aggressor.slo_attainment == 1.0
 
 
 def test_variants_map_to_the_scenarios_and_tenants_carry_their_slo_classes() -> None:
@@ -66,7 +86,7 @@ def test_variants_map_to_the_scenarios_and_tenants_carry_their_slo_classes() -> 
     assert classes["llama-2-13b"] is BATCH
     assert classes["opt-13b"] not in (INTERACTIVE, BATCH)
     assert {t.sharing for t in vllm.tenants} == {"spatial"}
-    assert vllm.scheduler.step_target_s is None
+    assert vllm.scheduler.step_target_s is None  # unless asked: ``IsolationSpec`` asks
     stepped = isolation_config("c1", "vllm", step_target_s=0.025)
     assert stepped.scheduler.step_target_s == 0.025
 
@@ -81,10 +101,10 @@ def test_the_aggressor_sends_ten_times_the_rate_of_long_prompts() -> None:
 
 
 def test_the_report_prints_a_row_per_variant_and_holds_each_to_the_targets(
-    comparison: Comparison, monkeypatch: pytest.MonkeyPatch
+    unbounded: Comparison, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def fake(spec: IsolationSpec, scenario: str, variant: str) -> Comparison:
-        return dataclasses.replace(comparison, variant=variant)
+        return dataclasses.replace(unbounded, variant=variant)
 
     monkeypatch.setattr(isolation, "compare", fake)
     spec = IsolationSpec(scenarios=("c2",), variants=("vllm", "combined+"))
