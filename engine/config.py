@@ -149,6 +149,10 @@ SHARING_MODES = ("spatial", "temporal")
 CAPACITY_SOURCES = ("free", "inactive", "rotation", "active")
 
 
+# The papers' default SLOs (5 s TTFT, 100 ms TBT).
+DEFAULT_SLO = SloSpec("default", ttft_s=5.0, tbt_s=0.1)
+
+
 @dataclass(frozen=True)
 class TenantSpec:
     """One model's tenancy: ``sharing`` mode, ``slo`` (the default class of its

@@ -16,9 +16,10 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
+from shunter.engine.api.headers import slo_to_header
+from shunter.engine.api.tokens import TOKEN_PATTERN, TOKEN_RULE
 from shunter.engine.config import ModelSpec, SloSpec
 from shunter.engine.exec.hf_config import model_spec_from_config
-from shunter.engine.server.tokens import TOKEN_PATTERN, TOKEN_RULE
 
 # A served model name is a path segment of /models/<name>/v1/ and the OpenAI "model" field.
 served_name_validator = RegexValidator(
@@ -99,10 +100,7 @@ class SloClass(models.Model):
     def header(self) -> str:
         """This class as the gateway tells the engine (``X-Shunter-Slo``): its targets
         and VLT weights, the floats in general form to 12 digits (``0.5``, ``3``)."""
-        return (
-            f"class={self.name},ttft_ms={self.ttft_ms},tbt_ms={self.tbt_ms},"
-            f"alpha={self.alpha:.12g},beta_b={self.beta_b:.12g},beta_f={self.beta_f:.12g}"
-        )
+        return slo_to_header(self.spec())
 
     def engine_table(self) -> dict[str, float]:
         """This class as the engine's settings spell it (``slo_classes.<name>``)."""
@@ -115,7 +113,7 @@ class SloClass(models.Model):
         }
 
 
-# The engine's own rule (``engine.server.tokens``): the token goes in an HTTP header.
+# The engine's own rule (``engine.api.tokens``): the token goes in an HTTP header.
 engine_token_validator = RegexValidator(
     TOKEN_PATTERN, f"Use {TOKEN_RULE}.", code="invalid_engine_token"
 )

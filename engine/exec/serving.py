@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from shunter.engine.config import EngineConfig, ModelSpec, SloSpec, TenantSpec
+from shunter.engine.config import DEFAULT_SLO, EngineConfig, ModelSpec, SloSpec, TenantSpec
 from shunter.engine.core import EngineCore, NewModel, StepStats
 from shunter.engine.exec.arena import DeviceArena
 from shunter.engine.exec.detok import token_bytes
@@ -42,8 +42,6 @@ from shunter.engine.memory.kv_memory import KVMemory
 from shunter.engine.remap.timing import LayerTiming
 from shunter.engine.request import Request
 
-# The papers' default SLOs (5 s TTFT, 100 ms TBT).
-DEFAULT_SLO = SloSpec("default", ttft_s=5.0, tbt_s=0.1)
 DTYPE_NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
 
 

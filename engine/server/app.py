@@ -18,10 +18,10 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import http_exceptions, web
 
+from shunter.engine.api.errors import ApiError
+from shunter.engine.api.jsonbody import MAX_BODY_BYTES
 from shunter.engine.server.context import REQUEST_ID, STATE, ServerState
 from shunter.engine.server.deployments import put_deployments
-from shunter.engine.server.errors import ApiError
-from shunter.engine.server.jsonbody import MAX_BODY_BYTES
 from shunter.engine.server.openai_api import chat_completions, completions
 from shunter.engine.server.state import with_config
 

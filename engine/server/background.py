@@ -11,9 +11,9 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from shunter.engine.api.jsonbody import MAX_BODY_BYTES
 from shunter.engine.server.app import build_app
 from shunter.engine.server.context import ServerState
-from shunter.engine.server.jsonbody import MAX_BODY_BYTES
 
 T = TypeVar("T")
 

@@ -34,7 +34,13 @@ import torch
 
 from shunter.engine.benchfigure import BenchFigure, ReportItem
 from shunter.engine.exec.model_init import init_model_dir, preset_config
-from shunter.engine.server.bench import MODEL, PRESET, quantile_ms, random_prompts, start_engine
+from shunter.engine.loadgen.engine_process import (
+    MODEL,
+    PRESET,
+    quantile_ms,
+    random_prompts,
+    start_engine,
+)
 
 NOISY = "noisy"
 LONG_PROMPT_TOKENS = 2047  # the tiny presets' context is 2,048 tokens

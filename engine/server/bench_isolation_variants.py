@@ -29,10 +29,11 @@ from typing import Any
 import aiohttp
 import torch
 
+from shunter.engine.api.headers import SLO_HEADER, TENANT_HEADER, slo_to_header
 from shunter.engine.benchfigure import ReportItem
 from shunter.engine.config import SloSpec, default_step_target_s
 from shunter.engine.exec.model_init import init_model_dir, preset_config
-from shunter.engine.server.bench import (
+from shunter.engine.loadgen.engine_process import (
     MODEL,
     PRESET,
     random_prompts,
@@ -40,7 +41,6 @@ from shunter.engine.server.bench import (
     stream_token_times,
 )
 from shunter.engine.server.bench_isolation import completion_body
-from shunter.engine.server.openai_api import slo_to_header
 from shunter.engine.sim.isolation import (
     AGGRESSOR_RATE_FACTOR,
     BATCH,
@@ -215,7 +215,7 @@ class _Client:
 
     async def _at(self, t: float, body: dict[str, Any], slo: SloSpec) -> RequestRecord:
         await asyncio.sleep(max(0.0, t - time.perf_counter()))
-        headers = {"X-Shunter-Slo": slo_to_header(slo), "X-Shunter-Tenant": slo.name}
+        headers = {SLO_HEADER: slo_to_header(slo), TENANT_HEADER: slo.name}
         t_arrival = time.perf_counter()
         times = await stream_token_times(self.session, self.url, body, headers)
         return RequestRecord.from_token_times(t_arrival, times)

@@ -101,9 +101,7 @@ def cmd_engine(ns: argparse.Namespace) -> int:
     from shunter.engine.server.serve import build_state
     from shunter.engine.server.settings import SettingsError, check_model_dirs, load_settings
 
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         settings = load_settings(ns.config, ns.model)
         overrides = {
@@ -151,8 +149,8 @@ def engine_token(ns: argparse.Namespace) -> str | None:
     in an HTTP header (printable ASCII without spaces)."""
     import logging
 
+    from shunter.engine.api.tokens import TOKEN_RULE, is_header_token
     from shunter.engine.server.settings import SettingsError
-    from shunter.engine.server.tokens import TOKEN_RULE, is_header_token
 
     log = logging.getLogger("shunter.engine.server")
     token: str

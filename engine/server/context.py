@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from shunter.engine.api.errors import unavailable
+from shunter.engine.api.protocol import GenerationRequest
 from shunter.engine.config import SloSpec
-from shunter.engine.server.errors import unavailable
 from shunter.engine.server.loop import EngineLoop
 from shunter.engine.server.metrics import ServerMetrics
 from shunter.engine.server.models import ServedModel
-from shunter.engine.server.protocol import GenerationRequest
 from shunter.engine.server.settings import EngineSettings
 
 

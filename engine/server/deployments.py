@@ -34,11 +34,11 @@ from typing import Any
 
 from aiohttp import web
 
+from shunter.engine.api.errors import ApiError, bad_request
 from shunter.engine.exec.generate_input import GenerateError
 from shunter.engine.exec.serving import model_specs
 from shunter.engine.memory.kv_memory import NoRoom
 from shunter.engine.server.context import STATE, ServerState
-from shunter.engine.server.errors import ApiError, bad_request
 from shunter.engine.server.models import load_served_model
 from shunter.engine.server.openai_api import read_json
 from shunter.engine.server.serve import context_tokens, engine_config, tenant_specs
@@ -121,9 +121,7 @@ async def _change_models(
         raise _no_room(e) from None
     try:
         prepared = [await asyncio.to_thread(engine.prepare_model, n, want[n].path) for n in adding]
-        served = {
-            n: await asyncio.to_thread(load_served_model, want[n], specs[n]) for n in adding
-        }
+        served = {n: await asyncio.to_thread(load_served_model, want[n], specs[n]) for n in adding}
     except Exception as e:
         log.exception("loading the added models failed; the served set stays as it is")
         raise ApiError(

@@ -16,31 +16,34 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
-from shunter.engine.config import SloSpec
-from shunter.engine.exec.params import TokenLogprob
-from shunter.engine.exec.serving import DEFAULT_SLO
-from shunter.engine.interfaces import Clock
-from shunter.engine.server.context import REQUEST_ID, STATE, ServerState
-from shunter.engine.server.errors import ApiError, bad_request, model_not_found, unavailable
-from shunter.engine.server.jsonbody import parse_json
-from shunter.engine.server.logprobs import chat_logprobs, completion_logprobs
-from shunter.engine.server.loop import ABORTED, Delta, Stream
-from shunter.engine.server.models import ServedModel
-from shunter.engine.server.protocol import (
+from shunter.engine.api.errors import ApiError, bad_request, model_not_found, unavailable
+from shunter.engine.api.headers import (
+    PROMPT_TOKENS_HEADER,
+    SLO_HEADER,
+    TENANT_HEADER,
+    slo_from_header,
+)
+from shunter.engine.api.jsonbody import parse_json
+from shunter.engine.api.protocol import (
     GenerationRequest,
     model_name,
     parse_chat,
     parse_completion,
 )
-from shunter.engine.server.timing import TIMING_HEADER, response_timing
+from shunter.engine.api.timing import TIMING_HEADER, response_timing
+from shunter.engine.exec.params import TokenLogprob
+from shunter.engine.interfaces import Clock
+from shunter.engine.server.context import REQUEST_ID, STATE, ServerState
+from shunter.engine.server.logprobs import chat_logprobs, completion_logprobs
+from shunter.engine.server.loop import ABORTED, Delta, Stream
+from shunter.engine.server.models import ServedModel
 
 
 @dataclass
@@ -178,9 +181,9 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
     gen = parse(body, served, max_sequences=max_sequences)
     state.check_capacity(gen)
     slo = slo_from_header(
-        request.headers.get("X-Shunter-Slo"), state.slo_of(name), state.settings.slo_classes
+        request.headers.get(SLO_HEADER), state.slo_of(name), state.settings.slo_classes
     )
-    tenant = request.headers.get("X-Shunter-Tenant", "")
+    tenant = request.headers.get(TENANT_HEADER, "")
     call = _Call(chat, request[REQUEST_ID], served, extras, gen.params.logprobs is not None)
     loop = asyncio.get_running_loop()
     sink: asyncio.Queue[tuple[int, Delta]] = asyncio.Queue()
@@ -269,7 +272,7 @@ async def _collect(
 
 def prompt_tokens_header(gen: GenerationRequest) -> dict[str, str]:
     """``X-Shunter-Prompt-Tokens``: the prompt tokens of every prompt (as in usage)."""
-    return {"X-Shunter-Prompt-Tokens": str(sum(len(p) for p in gen.prompts))}
+    return {PROMPT_TOKENS_HEADER: str(sum(len(p) for p in gen.prompts))}
 
 
 async def _stream(
@@ -354,53 +357,3 @@ async def _stream(
         # streams are aborted by the caller, and aiohttp closes the response quietly.
         pass
     return response
-
-
-SLO_FIELDS = {"ttft_ms": 1e-3, "tbt_ms": 1e-3, "alpha": 1.0, "beta_b": 1.0, "beta_f": 1.0}
-
-
-def slo_to_header(slo: SloSpec) -> str:
-    """``slo`` as ``X-Shunter-Slo`` spells it, every field: ``slo_from_header`` reads it
-    back as ``slo`` (a client of the engine that is not the gateway, such as a bench,
-    sends its class this way)."""
-    return (
-        f"class={slo.name},ttft_ms={1000 * slo.ttft_s:.12g},tbt_ms={1000 * slo.tbt_s:.12g},"
-        f"alpha={slo.alpha:.12g},beta_b={slo.beta_b:.12g},beta_f={slo.beta_f:.12g}"
-    )
-
-
-def slo_from_header(
-    value: str | None, default: SloSpec | None, classes: Mapping[str, SloSpec]
-) -> SloSpec | None:
-    """``X-Shunter-Slo: class=NAME,ttft_ms=N,tbt_ms=N,alpha=F,beta_b=F,beta_f=F`` (from
-    the gateway). A ``class`` the engine knows (``classes``) is the starting point, else
-    the model's ``default``; every field given then overrides it. 400 on a bad header."""
-    if not value:
-        return default
-    fields: dict[str, str] = {}
-    for part in value.replace(";", ",").split(","):
-        key, sep, v = part.strip().partition("=")
-        if not sep or (key != "class" and key not in SLO_FIELDS):
-            raise bad_request(
-                "X-Shunter-Slo: expected class=NAME,ttft_ms=N,tbt_ms=N,alpha=F,beta_b=F,"
-                f"beta_f=F, got {value!r}."
-            )
-        fields[key] = v.strip()
-    name = fields.pop("class", None)
-    base = classes.get(name) if name is not None else None
-    base = base or default or DEFAULT_SLO
-    try:
-        numbers = {key: float(v) * SLO_FIELDS[key] for key, v in fields.items()}
-        if not all(math.isfinite(n) for n in numbers.values()):
-            raise ValueError(f"values must be finite, got {value!r}")
-        return dataclasses.replace(
-            base,
-            name=name or base.name,
-            ttft_s=numbers.get("ttft_ms", base.ttft_s),
-            tbt_s=numbers.get("tbt_ms", base.tbt_s),
-            alpha=numbers.get("alpha", base.alpha),
-            beta_b=numbers.get("beta_b", base.beta_b),
-            beta_f=numbers.get("beta_f", base.beta_f),
-        )
-    except ValueError as e:
-        raise bad_request(f"X-Shunter-Slo: {e}.") from None

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shunter.engine.api.protocol import MAX_SEQUENCES
 from shunter.engine.config import CAPACITY_SOURCES, POLICIES, RemapConfig, SloSpec
 from shunter.engine.exec.cli import byte_count
 from shunter.engine.server.models import ModelArg, parse_model_arg
-from shunter.engine.server.protocol import MAX_SEQUENCES
 
 DEFAULT_KV_TOKENS = 65536
 TOP_KEYS = {

@@ -33,7 +33,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from shunter.engine.benchfigure import BenchFigure, ReportItem
-from shunter.engine.server.bench import (
+from shunter.engine.loadgen.engine_process import (
     MODEL,
     PRESET,
     Timings,

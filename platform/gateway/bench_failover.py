@@ -40,7 +40,7 @@ from typing import Any
 import aiohttp
 
 from shunter.engine.benchfigure import BenchFigure, ReportItem
-from shunter.engine.server.bench import MODEL, random_prompts, start_engine
+from shunter.engine.loadgen.engine_process import MODEL, random_prompts, start_engine
 from shunter.platform.gateway.bench import (
     ENGINE_KV_TOKENS,
     Platform,

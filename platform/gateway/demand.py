@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from shunter.engine.server.protocol import COMPLETIONS_DEFAULT_MAX_TOKENS
+from shunter.engine.api.protocol import COMPLETIONS_DEFAULT_MAX_TOKENS
 from shunter.platform.gateway.errors import bad_request
 
 PROMPT_MARGIN = 8

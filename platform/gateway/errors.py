@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shunter.engine.server.errors import ApiError, bad_request
+from shunter.engine.api.errors import ApiError, bad_request
 
 __all__ = ["ApiError", "bad_request", "engine_unavailable", "model_not_found"]
 

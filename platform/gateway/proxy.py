@@ -67,8 +67,9 @@ import aiohttp
 import yarl
 from django.conf import settings
 
-from shunter.engine.server.errors import ApiError
-from shunter.engine.server.timing import TIMING_HEADER, EngineTiming
+from shunter.engine.api.errors import ApiError
+from shunter.engine.api.headers import PROMPT_TOKENS_HEADER, SLO_HEADER, TENANT_HEADER
+from shunter.engine.api.timing import TIMING_HEADER, EngineTiming
 from shunter.platform.gateway.errors import engine_unavailable
 from shunter.platform.gateway.replies import Reply, error_reply
 from shunter.platform.gateway.routes import Route, routes
@@ -93,7 +94,6 @@ FIRST_BYTE_MIN_S = 2.0
 HEALTH_PROBE_S = 2.0
 # The longest silence of a stream (no event, no keep-alive) before it counts as broken.
 STREAM_IDLE_S = 30.0
-PROMPT_TOKENS_HEADER = "X-Shunter-Prompt-Tokens"
 DONE = b"data: [DONE]\n\n"
 
 
@@ -405,8 +405,8 @@ class Exchange:
         headers = {
             "Content-Type": "application/json",
             "X-Request-Id": self.request_id,
-            "X-Shunter-Tenant": tenant_label(self.grant),
-            "X-Shunter-Slo": slo_header(self.grant, self.route),
+            TENANT_HEADER: tenant_label(self.grant),
+            SLO_HEADER: slo_header(self.grant, self.route),
         }
         if self.route.engine_token:
             headers["Authorization"] = f"Bearer {self.route.engine_token}"

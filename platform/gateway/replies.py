@@ -10,7 +10,7 @@ from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shunter.engine.server.errors import ApiError
+from shunter.engine.api.errors import ApiError
 
 # Ids of requests and quota leases: 128 random bits from a generator seeded from the
 # system once per process (and again in a forked child), not a system call per id.

@@ -16,7 +16,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from shunter.engine.server.errors import ApiError
+from shunter.engine.api.errors import ApiError
 
 MAX_HEAD_BYTES = 64 * 1024
 """The request line and headers together, in bytes (a bearer key takes about 60)."""

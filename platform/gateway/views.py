@@ -24,7 +24,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHt
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from shunter.engine.server.jsonbody import parse_json
+from shunter.engine.api.jsonbody import parse_json
 from shunter.platform.gateway.demand import demand_of
 from shunter.platform.gateway.errors import ApiError, bad_request
 from shunter.platform.gateway.proxy import Exchange

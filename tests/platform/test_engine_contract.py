@@ -25,11 +25,11 @@ import torch
 
 from shunter.console.memory_map import memory_map
 from shunter.console.selectors import node_view
+from shunter.engine.api.headers import slo_from_header
 from shunter.engine.config import SloSpec
 from shunter.engine.exec.model_init import init_model_dir, preset_config
 from shunter.engine.server.background import BackgroundServer
 from shunter.engine.server.models import ModelArg
-from shunter.engine.server.openai_api import slo_from_header
 from shunter.engine.server.serve import build_state, engine_config
 from shunter.engine.server.settings import EngineSettings, settings_from_dict
 from shunter.platform import engine_client

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 import pytest
 from django.utils import timezone
 
-from shunter.engine.server.errors import ApiError
+from shunter.engine.api.errors import ApiError
 from shunter.tenants.auth import (
     DB_THREADS,
     KeyAuthenticator,

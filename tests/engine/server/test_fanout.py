@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from shunter.engine.server.protocol import MAX_SEQUENCES
+from shunter.engine.api.protocol import MAX_SEQUENCES
 from shunter.engine.server.settings import SettingsError, settings_from_dict
 from tests.engine.server.conftest import TOKEN, ServerThread, request
 

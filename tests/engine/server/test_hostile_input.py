@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from shunter.engine.server.jsonbody import MAX_BODY_BYTES
+from shunter.engine.api.jsonbody import MAX_BODY_BYTES
 from tests.engine.server.conftest import TOKEN, ServerThread, assert_no_leaks, request
 from tests.hostile import (
     HOSTILE_BODIES,

@@ -42,9 +42,9 @@ def test_chat_prompts_keep_the_templates_bos_alone(
     import json
     import shutil
 
+    from shunter.engine.api.protocol import parse_chat, parse_completion
     from shunter.engine.exec.hf_config import model_spec_from_config, read_config
     from shunter.engine.server.models import ModelArg, load_served_model
-    from shunter.engine.server.protocol import parse_chat, parse_completion
 
     source = model_dirs["tiny-llama"]  # its tokenizer adds a BOS
     llama3 = tmp_path / "llama3"

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
+from shunter.engine.api.timing import TIMING_HEADER, EngineTiming, response_timing
 from shunter.engine.config import SloSpec
 from shunter.engine.request import Request
-from shunter.engine.server.timing import TIMING_HEADER, EngineTiming, response_timing
 from tests.engine.server.conftest import TOKEN, ServerThread, request
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -14,7 +14,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.test import AsyncClient
 
-from shunter.engine.server.jsonbody import MAX_BODY_BYTES
+from shunter.engine.api.jsonbody import MAX_BODY_BYTES
 from shunter.platform.gateway.proxy import close_upstream
 from shunter.tenants.auth import close_db_connections, run_db
 from tests.hostile import body_of_size

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from django.db.models import Sum
 
-from shunter.engine.server.errors import ApiError
+from shunter.engine.api.errors import ApiError
 from shunter.platform.gateway import proxy
 from shunter.platform.gateway.proxy import RecordWriter, replay_records
 from shunter.platform.gateway.replies import error_reply

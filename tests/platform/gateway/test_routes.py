@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from shunter.engine.server.errors import ApiError
+from shunter.engine.api.errors import ApiError
 from shunter.platform.gateway.routes import Route, RouteTable, engine_load
 from shunter.tenants.auth import DB_THREADS, KeyGrant, submit_db
 from shunter.tenants.quotas import Limits

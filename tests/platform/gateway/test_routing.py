@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from shunter.engine.server.errors import ApiError
+from shunter.engine.api.errors import ApiError
 from shunter.platform import services
 from shunter.platform.gateway.replies import error_reply
 from shunter.platform.gateway.routes import RouteTable

@@ -21,7 +21,7 @@ import pytest
 from aiohttp import web
 from django.utils import timezone
 
-from shunter.engine.server.timing import TIMING_HEADER
+from shunter.engine.api.timing import TIMING_HEADER
 from shunter.platform.gateway import proxy
 from shunter.platform.gateway.proxy import Exchange, close_upstream
 from shunter.platform.gateway.replies import Reply

@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from shunter.engine.server.errors import ApiError, bad_request
+from shunter.engine.api.errors import ApiError, bad_request
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 """Bodies past this many bytes are a 413 (the engine's ``client_max_size`` too)."""
@@ -82,9 +82,7 @@ def _depth(structure: bytes) -> int:
 
 def _short_int(literal: str) -> int:
     if len(literal.lstrip("-")) > MAX_INT_DIGITS:
-        raise bad_request(
-            f"The request body has an integer of more than {MAX_INT_DIGITS} digits."
-        )
+        raise bad_request(f"The request body has an integer of more than {MAX_INT_DIGITS} digits.")
     return int(literal)
 
 

@@ -1,13 +1,13 @@
-"""``X-Shunter-Slo``: a known class is the starting point, every field given overrides it."""
+"""``X-Shunter-Slo``: a known class is the starting point, every field given overrides it;
+what ``slo_to_header`` writes, ``slo_from_header`` reads back."""
 
 from __future__ import annotations
 
 import pytest
 
-from shunter.engine.config import SloSpec
-from shunter.engine.exec.serving import DEFAULT_SLO
-from shunter.engine.server.errors import ApiError
-from shunter.engine.server.openai_api import slo_from_header
+from shunter.engine.api.errors import ApiError
+from shunter.engine.api.headers import slo_from_header, slo_to_header
+from shunter.engine.config import DEFAULT_SLO, SloSpec
 
 GOLD = SloSpec("gold", ttft_s=1.0, tbt_s=0.05, alpha=5.0, beta_b=0.2, beta_f=0.3)
 MODEL = SloSpec("model-default", ttft_s=4.0, tbt_s=0.2, alpha=2.0, beta_b=0.0, beta_f=0.5)
@@ -47,3 +47,12 @@ def test_bad_values_are_a_400(header: str) -> None:
     with pytest.raises(ApiError) as e:
         slo_from_header(header, MODEL, CLASSES)
     assert e.value.status == 400 and "X-Shunter-Slo" in e.value.body()["error"]["message"]
+
+
+def test_the_slo_header_reads_back_as_the_class_it_was_written_from() -> None:
+    slo = SloSpec("interactive", ttft_s=1.0, tbt_s=0.05, alpha=2.5, beta_b=0.25, beta_f=0.75)
+    other = SloSpec("other", ttft_s=9.0, tbt_s=0.9)
+    header = slo_to_header(slo)
+    assert header == "class=interactive,ttft_ms=1000,tbt_ms=50,alpha=2.5,beta_b=0.25,beta_f=0.75"
+    # Every field is in it: the engine's own class of that name does not fill any in.
+    assert slo_from_header(header, other, {"interactive": other}) == slo

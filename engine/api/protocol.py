@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from shunter.engine.api.errors import bad_request
 from shunter.engine.exec.params import MAX_LOGPROBS, SamplingParams
-from shunter.engine.server.errors import bad_request
 
 MAX_N = 8
 # The default bound of a request's sequences (prompts x n), engine setting
