@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
@@ -302,6 +303,12 @@ class RemapConfig:
             raise ValueError(
                 f"capacity order takes distinct names of {CAPACITY_SOURCES}: {list(order)}"
             )
+
+    def cap_layers(self, num_layers: int) -> int:
+        """The most of ``num_layers`` decoder layers remapping may lend (``cap_fraction``
+        of them, rounded down); what the layers' timing allows may be fewer
+        (``remap.layers.max_alpha``)."""
+        return math.floor(self.cap_fraction * num_layers)
 
 
 @dataclass(frozen=True)

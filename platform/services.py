@@ -8,7 +8,6 @@ node should serve enqueues its reconcile after the transaction commits.
 from __future__ import annotations
 
 import logging
-import math
 import secrets
 import time
 from collections.abc import Iterable, Sequence
@@ -219,14 +218,11 @@ def node_update(*, node: Node, engine_token: str | None = None, **fields: Any) -
 
 
 # -- fit: do a node's deployments fit its HBM? -----------------------------------------------
-# The share of a model's decoder layers the engine may lend to the KV cache, and never so
-# many that fewer than two stay resident (``remap.layers.max_alpha``: a slot and a layer).
-REMAP_CAP_FRACTION = RemapConfig().cap_fraction
-
-
 def remappable_layers(spec: ModelSpec) -> int:
-    """Decoder layers of ``spec`` that remapping may take at most."""
-    return max(0, min(math.floor(REMAP_CAP_FRACTION * spec.num_layers), spec.num_layers - 2))
+    """Decoder layers of ``spec`` that remapping may take at most: the engine's default
+    cap (``RemapConfig.cap_layers``), and never so many that fewer than two stay resident
+    (``remap.layers.max_alpha``: a slot and a layer)."""
+    return max(0, min(RemapConfig().cap_layers(spec.num_layers), spec.num_layers - 2))
 
 
 def kv_reserve_bytes(deployment: Deployment) -> int:

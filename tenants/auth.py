@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 from django.db import InterfaceError, OperationalError, close_old_connections, connections
 from django.utils import timezone
 
-from shunter.engine.server.errors import ApiError
+from shunter.engine.api.errors import ApiError
 from shunter.tenants.keys import looks_like_secret, secret_digest, secret_prefix
 from shunter.tenants.quotas import Limits
 

@@ -43,7 +43,7 @@ class ForcedRemap(RemapController):
         if layers < 0:
             raise ValueError("forced remapping needs layers >= 0")
         config = RemapConfig(
-            enabled=True, cap_fraction=inner.cap_fraction, capacity_order=inner.order
+            enabled=True, cap_fraction=inner.config.cap_fraction, capacity_order=inner.order
         )
         super().__init__(config, headroom=inner.headroom)
         self.layers = layers

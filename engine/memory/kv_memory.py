@@ -547,7 +547,7 @@ class KVMemory(Relocation):
     def _lendable(self, num_layers: int, frame_bytes: int) -> int:
         if not self._remap.enabled:
             return 0
-        return math.floor(self._remap.cap_fraction * num_layers) * frame_bytes
+        return self._remap.cap_layers(num_layers) * frame_bytes
 
     def _claim_limit(self, pool: BlockPool) -> Callable[[], int]:
         def limit() -> int:

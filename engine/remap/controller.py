@@ -27,7 +27,6 @@ Which layers, and the frames they move between, are ``layers.select`` and
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -98,13 +97,13 @@ class RemapController:
     def __init__(self, config: RemapConfig, *, headroom: int) -> None:
         if headroom < 0:
             raise ValueError("headroom must be >= 0")
-        self.cap_fraction = config.cap_fraction
+        self.config = config
         self.headroom = headroom
         self.order = config.capacity_order
 
     def cap(self, m: ModelState) -> int:
         """The most layers ``m`` may have remapped in its current role."""
-        share = math.floor(self.cap_fraction * m.num_layers)
+        share = self.config.cap_layers(m.num_layers)
         return max_alpha(m.num_layers, m.t_transfer, m.t_compute / m.num_layers, share)
 
     def plan(

@@ -13,12 +13,12 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.test import TestCase
 
+from shunter.engine.config import RemapConfig
 from shunter.engine.exec.hf_config import model_spec_from_config
 from shunter.engine.exec.model_init import preset_config
 from shunter.platform import selectors, services
 from shunter.platform.models import Deployment, Node, SloClass
 from shunter.platform.services import (
-    REMAP_CAP_FRACTION,
     deployment_create,
     deployment_update,
     model_create,
@@ -89,7 +89,7 @@ def test_engine_token_is_stored_encrypted() -> None:
 
 def test_remappable_layers_follow_the_engines_cap() -> None:
     spec = make_model(num_hidden_layers=8).spec()
-    assert remappable_layers(spec) == math.floor(REMAP_CAP_FRACTION * 8)
+    assert remappable_layers(spec) == math.floor(RemapConfig().cap_fraction * 8)
     assert remappable_layers(make_model(num_hidden_layers=2).spec()) == 0
 
 
