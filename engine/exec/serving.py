@@ -37,7 +37,6 @@ from shunter.engine.exec.slots import WeightFrames, measure_timing
 from shunter.engine.exec.torch_executor import ServedModel, TorchExecutor
 from shunter.engine.exec.transfers import host_swap_space, make_transfers
 from shunter.engine.interfaces import MonotonicClock
-from shunter.engine.memory.arena import PageOwner
 from shunter.engine.memory.kv_memory import KVMemory
 from shunter.engine.remap.timing import LayerTiming
 from shunter.engine.request import Request
@@ -94,12 +93,7 @@ class Totals:
 
 def remapped_layers(memory: KVMemory) -> int:
     """Decoder layers, over all models, with a page that does not hold their weights."""
-    arena = memory.arena
-    return sum(
-        any(arena.owner(p) != PageOwner.weights(model, i) for p in pages)
-        for model, layout in memory.weights.items()
-        for i, pages in enumerate(layout.layers)
-    )
+    return sum(len(memory.remapped_layers(model)) for model in memory.weights)
 
 
 class NoProgressError(RuntimeError):

@@ -533,6 +533,16 @@ class KVMemory(Relocation):
         del self._block_bytes[model], self._one_block[model]
         self._moved_into.pop(model, None)
 
+    def remapped_layers(self, model: str) -> list[int]:
+        """The decoder layers of ``model`` with a page that does not hold their weights
+        (lent to the KV cache, or a slot streaming another layer)."""
+        arena = self.arena
+        return [
+            i
+            for i, pages in enumerate(self.weights[model].layers)
+            if any(arena.owner(p) != PageOwner.weights(model, i) for p in pages)
+        ]
+
     # -- internals -------------------------------------------------------------------------
     def _lendable_bytes(self, spec: ModelSpec) -> int:
         """Weight bytes of a model that remapping may lend to the KV cache (its frames up

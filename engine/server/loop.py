@@ -31,7 +31,7 @@ from shunter.engine.exec.params import SamplingParams, TokenLogprob
 from shunter.engine.exec.serving import TorchEngine
 from shunter.engine.request import Request
 from shunter.engine.server.metrics import ServerMetrics
-from shunter.engine.server.state import EngineSnapshot, remapped_layer_ids
+from shunter.engine.server.state import EngineSnapshot
 
 log = logging.getLogger("shunter.engine.server")
 T = TypeVar("T")
@@ -317,7 +317,7 @@ class EngineLoop:
         if core.memory.arena.version != self._arena_version:
             self._arena_version = core.memory.arena.version
             for model in core.scheduler.queues:
-                remapped = remapped_layer_ids(core.memory, model)
+                remapped = core.memory.remapped_layers(model)
                 metrics.remapped_layers.labels(model).set(len(remapped))
         for model, q in core.scheduler.queues.items():
             metrics.running.labels(model).set(len(q.running))

@@ -24,16 +24,6 @@ if TYPE_CHECKING:
 from shunter.engine.server.models import ServedModel
 
 
-def remapped_layer_ids(memory: KVMemory, model: str) -> list[int]:
-    """The decoder layers of ``model`` with a page that does not hold their weights."""
-    arena = memory.arena
-    return [
-        i
-        for i, pages in enumerate(memory.weights[model].layers)
-        if any(arena.owner(p) != PageOwner.weights(model, i) for p in pages)
-    ]
-
-
 def _remapped_pages(memory: KVMemory, model: str, layers: list[int]) -> int:
     layout, arena = memory.weights[model], memory.arena
     return sum(
@@ -100,7 +90,7 @@ def engine_facts(loop: EngineLoop) -> dict[str, Any]:
     owners = arena.counts()
     per_model = {}
     for name, q in scheduler.queues.items():
-        remapped = remapped_layer_ids(memory, name)
+        remapped = memory.remapped_layers(name)
         weight_pages = sum(
             n for o, n in owners.items() if o.kind is OwnerKind.WEIGHTS and o.model == name
         )

@@ -32,6 +32,14 @@ def test_a_released_frame_becomes_kv_capacity() -> None:
     assert memory.num_free_blocks("tall") == len(pages) // block_pages
 
 
+def test_memory_names_the_layers_whose_frames_are_lent() -> None:
+    memory = memory_with_no_free_kv()
+    assert memory.remapped_layers("tall") == []
+    memory.release_frame("tall", 5)
+    memory.release_frame("tall", 3)
+    assert memory.remapped_layers("tall") == [3, 5]
+
+
 def test_taking_a_frame_back_moves_its_kv_out_first() -> None:
     memory = memory_with_no_free_kv()
     for frame in (3, 4):
