@@ -9,6 +9,7 @@ import argparse
 import dataclasses
 import json
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,13 @@ from shunter.engine.benchfigure import add_json_argument  # standard library onl
 from shunter.engine.exec.cli import print_report  # argparse only
 
 
-def register(sub: argparse._SubParsersAction[Any]) -> None:
-    """Add the engine's subcommands to the ``shunter`` parser."""
+def register(
+    sub: argparse._SubParsersAction[Any],
+    more_benches: Sequence[Callable[[argparse._SubParsersAction[Any]], None]] = (),
+) -> None:
+    """Add the engine's subcommands to the ``shunter`` parser, and each of
+    ``more_benches`` (another package's ``shunter bench`` parsers, such as the
+    gateway's) among the benchmarks: the engine imports no other package."""
     from shunter.engine.exec.calibrate_cli import add_calibrate_parser
     from shunter.engine.exec.cli import (
         add_bench_executor_parser,
@@ -28,7 +34,6 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     from shunter.engine.server.cli import add_bench_server_parser, add_engine_parser
     from shunter.engine.sim.cli import add_bench_simulator_parser, add_simulate_parser
     from shunter.kernels.cli import add_bench_kernels_parser
-    from shunter.platform.gateway.cli import add_bench_gateway_parser
 
     add_simulate_parser(sub)
     bench = sub.add_parser(
@@ -44,7 +49,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     add_bench_remap_exec_parser(benches)
     add_bench_server_parser(benches)
     _add_bench_isolation_parser(benches)
-    add_bench_gateway_parser(benches)
+    for add_bench_parser in more_benches:
+        add_bench_parser(benches)
     add_bench_kernels_parser(benches)
     add_loadgen_parsers(benches)
     _add_bench_check_parser(benches)

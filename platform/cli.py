@@ -191,8 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
 
     from shunter.engine.cli import register as register_engine_commands
+    from shunter.platform.gateway.cli import add_bench_gateway_parser
 
-    register_engine_commands(sub)
+    register_engine_commands(sub, more_benches=(add_bench_gateway_parser,))
     return parser
 
 

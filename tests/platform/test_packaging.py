@@ -128,3 +128,35 @@ def test_wheel_installs_and_imports_in_a_fresh_venv(tmp_path: Path) -> None:
     assert system
     assert engine_file.startswith(str(venv)), engine_file
     assert app_path.startswith(str(venv)), app_path
+
+
+def _imports(folder: str) -> dict[str, set[str]]:
+    """Each module file under ``folder`` -> the ``shunter.*`` modules it imports
+    (anywhere in it: a function's lazy import counts)."""
+    import ast
+
+    found: dict[str, set[str]] = {}
+    for path in (REPO / folder).rglob("*.py"):
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names.add(node.module)
+            elif isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+        found[str(path.relative_to(REPO))] = {n for n in names if n.startswith("shunter.")}
+    return found
+
+
+def test_the_engine_imports_no_control_plane_package() -> None:
+    for folder in ("engine", "kernels"):
+        for path, names in _imports(folder).items():
+            outside = {n for n in names if n.split(".")[1] in ("platform", "tenants", "console")}
+            assert not outside, f"{path} imports {sorted(outside)}"
+
+
+def test_nothing_outside_the_engine_imports_the_engine_server() -> None:
+    # The wire format the control plane shares with the engine is ``engine.api``.
+    for folder in ("platform", "tenants", "console"):
+        for path, names in _imports(folder).items():
+            server = {n for n in names if n.startswith("shunter.engine.server")}
+            assert not server, f"{path} imports {sorted(server)}"
