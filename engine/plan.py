@@ -112,7 +112,12 @@ class StepPlan:
         forward pass streams through slots: each copied host-to-device into its slot
         once the slot's previous layer has run, and waited on before it runs.
 
-    ``batch`` lists decode entries first, then prefill chunks.
+    ``batch`` lists decode entries first, then prefill chunks. What an executor reads
+    for each entry, per request id, so that it needs nothing but the plan:
+      - ``block_tables``: the request's device blocks in token order, after this
+        step's ``moves``;
+      - ``token_ids``: the entry's tokens (where the engine knows token ids; the
+        simulator's requests have none).
     """
 
     step: int
@@ -128,6 +133,8 @@ class StepPlan:
     remapped: dict[str, list[int]] = field(default_factory=dict)
     restored: dict[str, list[LayerLoad]] = field(default_factory=dict)
     streams: dict[str, SlotStream] = field(default_factory=dict)
+    block_tables: dict[str, list[int]] = field(default_factory=dict)
+    token_ids: dict[str, list[int]] = field(default_factory=dict)
 
     def d2h(self, model: str) -> BlockCopies:
         """The model's whole device-to-host batch: preemption copies, then rotations

@@ -95,6 +95,18 @@ class Request:
         """Virtual Lag Time (SuperInfer §4.2.2); see ``vlts``."""
         return vlts((self,), now)[0]
 
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """Tokens ``[start, end)`` of the prompt followed by the output so far."""
+        prompt = self.prompt_token_ids
+        if prompt is None:
+            raise ValueError(f"request {self.id!r} has no prompt token ids")
+        n = len(prompt)
+        if end <= n:
+            return prompt[start:end]
+        if start >= n:
+            return self.output_token_ids[start - n : end - n]
+        return prompt[start:] + self.output_token_ids[: end - n]
+
     def record_token(self, now: float, token_id: int | None) -> None:
         """Account one emitted token at time ``now``."""
         self.num_output_tokens += 1

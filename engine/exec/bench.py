@@ -23,7 +23,6 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer
 
-from shunter.engine.config import DEFAULT_SLO
 from shunter.engine.exec.detok import token_bytes
 from shunter.engine.exec.hf_config import eos_token_ids, read_config
 from shunter.engine.exec.loader import load_model
@@ -35,7 +34,6 @@ from shunter.engine.exec.sizing import BLOCK_TOKENS, KVNeed, serving_config
 from shunter.engine.exec.torch_executor import ServedModel, TorchExecutor
 from shunter.engine.exec.transfers import host_swap_space, make_transfers
 from shunter.engine.plan import BatchEntry, BlockCopies, StepPlan
-from shunter.engine.request import Request
 
 PRESET = "small-llama"
 MODEL = "m"
@@ -170,17 +168,15 @@ def _rotation_cost(
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     served = ServedModel(model, kv, BLOCK_TOKENS, eos_token_ids(model_dir), token_bytes(tokenizer))
     executor.add_model(MODEL, served)
-    requests, tables = {}, {}
+    tokens, tables = {}, {}
     for i, prompt in enumerate(prompts):
         rid = f"r{i}"
-        ids = (prompt + prompt)[:context]
-        requests[rid] = Request(rid, MODEL, context, 1 << 20, DEFAULT_SLO, 0.0, ids)
+        tokens[rid] = (prompt + prompt)[context - 1 : context]  # the last of a full context
         tables[rid] = list(range(i * per_seq, (i + 1) * per_seq))
         # The same step repeats: nothing may end the request.
         endless = SamplingParams(temperature=0, max_tokens=1 << 20, ignore_eos=True)
         executor.add_request(rid, MODEL, endless)
-    executor.bind(requests, tables.__getitem__)
-    batch = [BatchEntry(rid, MODEL, 1, context - 1, False, True) for rid in requests]
+    batch = [BatchEntry(rid, MODEL, 1, context - 1, False, True) for rid in tokens]
     b = swap_blocks
     out = BlockCopies(list(range(seq_blocks, seq_blocks + b)), list(range(b)))
     into = BlockCopies(list(range(seq_blocks + b, seq_blocks + 2 * b)), list(range(b, 2 * b)))
@@ -190,7 +186,7 @@ def _rotation_cost(
         nonlocal step
         t0 = time.perf_counter()
         for _ in range(steps):
-            plan = StepPlan(step=step, batch=batch)
+            plan = StepPlan(step=step, batch=batch, block_tables=tables, token_ids=tokens)
             if with_copies:
                 plan.swap_out, plan.swap_in = {MODEL: out}, {MODEL: into}
             transfers.submit(plan)

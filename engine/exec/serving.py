@@ -225,7 +225,6 @@ class TorchEngine:
         self.host_weights = {name: p.host for name, p in prepared.items()}
         for name, p in prepared.items():
             self._serve(p, device_kv[name])
-        self.executor.bind(self.core.scheduler.requests, self.core.memory.block_ids)
         self.totals = Totals()
         self._ids = itertools.count()
         self._arena_version = -1

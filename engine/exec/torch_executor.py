@@ -1,8 +1,9 @@
 """TorchExecutor: runs EngineCore's step plans on real models.
 
 Each model's weights and KV cache are views into the one DeviceArena; the block ids in
-a plan index those KV views directly. Token ids come from the live ``Request`` objects,
-block tables from KVMemory, both read through :meth:`TorchExecutor.bind`. Parameter
+a plan index those KV views directly. The plan is all the executor reads: each batch
+entry's tokens and block table come with it (``StepPlan.token_ids``, ``block_tables``);
+the tokens a request sampled, which penalties need, it keeps itself. Parameter
 remapping (the plan's ``remapped``, ``restored`` and ``streams``) changes where a
 model's layers are read from: ``slots.WeightFrames``.
 """
@@ -10,7 +11,6 @@ model's layers are read from: ``slots.WeightFrames``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -25,7 +25,6 @@ from shunter.engine.exec.stop import StopChecker
 from shunter.engine.exec.transfers import KVTransfers
 from shunter.engine.interfaces import Executor
 from shunter.engine.plan import BatchEntry, StepPlan, StepResult
-from shunter.engine.request import Request
 
 
 @dataclass
@@ -50,6 +49,7 @@ class _Sequence:
     generator: torch.Generator | None
     stop: StopChecker
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    outputs: list[int] = field(default_factory=list)  # the tokens sampled so far
 
 
 class TorchExecutor(Executor):
@@ -57,8 +57,7 @@ class TorchExecutor(Executor):
 
     ``transfers`` runs the plans' KV copies: before the forward pass, the executor has
     it order the pass after the H2D copies of the requests it reads. Register each
-    model with :meth:`add_model`, connect the engine's requests and block tables with
-    :meth:`bind`, and give each request its sampling parameters with
+    model with :meth:`add_model` and give each request its sampling parameters with
     :meth:`add_request` before it is scheduled. A request's text and finish reason are
     readable (:meth:`output`) until a plan releases it.
 
@@ -73,8 +72,6 @@ class TorchExecutor(Executor):
         self.num_layers_restored = 0
         self._copies: dict[torch.device, CopyStream] = {}
         self._sequences: dict[str, _Sequence] = {}
-        self._requests: Mapping[str, Request] = {}
-        self._block_ids: Callable[[str], list[int]] | None = None
 
     def add_model(self, name: str, served: ServedModel) -> None:
         self.models[name] = served
@@ -85,11 +82,6 @@ class TorchExecutor(Executor):
     def remove_model(self, name: str) -> None:
         """Stop running a model (none of its requests may be scheduled again)."""
         del self.models[name]
-
-    def bind(self, requests: Mapping[str, Request], block_ids: Callable[[str], list[int]]) -> None:
-        """Where live requests (by id) and their device block tables are read from."""
-        self._requests = requests
-        self._block_ids = block_ids
 
     def add_request(self, request_id: str, model: str, params: SamplingParams) -> None:
         served = self.models[model]
@@ -168,16 +160,13 @@ class TorchExecutor(Executor):
         plan: StepPlan,
         result: StepResult,
     ) -> _PassTimer:
-        if self._block_ids is None:
-            raise RuntimeError("TorchExecutor.bind() was not called")
         chunks = []
         for e in entries:
-            request = self._requests[e.request_id]
-            tokens = _token_ids(request)
-            start, end = e.num_computed_tokens, e.num_computed_tokens + e.num_tokens
-            chunks.append(
-                SequenceChunk(tokens[start:end], start, self._block_ids(e.request_id), e.samples)
-            )
+            tokens = plan.token_ids.get(e.request_id)
+            if tokens is None:
+                raise ValueError(f"step {plan.step}: no token ids for {e.request_id!r}")
+            blocks = plan.block_tables[e.request_id]
+            chunks.append(SequenceChunk(tokens, e.num_computed_tokens, blocks, e.samples))
         batch = ForwardBatch.build(
             chunks,
             block_tokens=served.block_tokens,
@@ -196,7 +185,7 @@ class TorchExecutor(Executor):
         sampled = [e.request_id for e in entries if e.samples]
         sampling = [self._sequences[request_id] for request_id in sampled]
         params = [s.params for s in sampling]
-        outputs = [self._requests[request_id].output_token_ids for request_id in sampled]
+        outputs = [s.outputs for s in sampling]
         tokens = sample(
             apply_penalties(logits, params, outputs),
             params,
@@ -206,6 +195,7 @@ class TorchExecutor(Executor):
         _record_logprobs(logits, sampling, tokens)
         for request_id, seq, token in zip(sampled, sampling, tokens, strict=True):
             result.emitted[request_id] = token
+            seq.outputs.append(token)
             if seq.stop.append(token) is not None:
                 result.stopped.add(request_id)
         return timer
@@ -258,9 +248,3 @@ def _record_logprobs(logits: torch.Tensor, sampling: list[_Sequence], tokens: li
         if n and top_ids is not None and top_values is not None:
             top = tuple(zip(top_ids[row, :n].tolist(), top_values[row, :n].tolist(), strict=True))
         sampling[i].logprobs.append(TokenLogprob(tokens[i], chosen[row], top))
-
-
-def _token_ids(request: Request) -> list[int]:
-    if request.prompt_token_ids is None:
-        raise ValueError(f"request {request.id!r} has no prompt token ids")
-    return request.prompt_token_ids + request.output_token_ids

@@ -62,6 +62,8 @@ class Scheduler:
       7. The turn passes on when its holder could do nothing (``Turns.end_step``).
          Eager rotation of SYNCED blocks. A model that ran short of blocks gets capacity from the
          others (``Capacity.reclaim``).
+      8. Each batch entry's block table and tokens go into the plan, so the executor
+         reads nothing but the plan.
     ``update`` applies the executor's result: KV progress, tokens, finished requests.
 
     A swapped-in request joins the batch at the first step that finds its own H2D
@@ -292,7 +294,19 @@ class Scheduler:
         vacating = 0 if self.remapper is None else self.remapper.vacating_bytes
         self.capacity.reclaim(short, executing, self.turns.lag(now), vacating)
         self.memory.end_step()
+        self._inputs(plan)
         return plan
+
+    def _inputs(self, plan: StepPlan) -> None:
+        """What the executor reads for each batch entry (``StepPlan.block_tables``,
+        ``token_ids``), taken once the step's moves are planned."""
+        memory, requests = self.memory, self.requests
+        for e in plan.batch:
+            plan.block_tables[e.request_id] = memory.block_ids(e.request_id)
+            r = requests[e.request_id]
+            if r.prompt_token_ids is not None:
+                start = e.num_computed_tokens
+                plan.token_ids[e.request_id] = r.token_ids(start, start + e.num_tokens)
 
     def _within_budget(
         self,

@@ -78,3 +78,15 @@ def test_invalid_requests(kwargs: dict[str, object]) -> None:
     }
     with pytest.raises(ValueError):
         Request(**{**base, **kwargs})  # type: ignore[arg-type]
+
+
+def test_token_ids_run_from_the_prompt_into_the_output() -> None:
+    slo = SloSpec("s", ttft_s=1.0, tbt_s=0.1)
+    r = Request("r", "m", 3, 4, slo, 0.0, prompt_token_ids=[10, 11, 12])
+    r.record_token(0.1, 20)
+    r.record_token(0.2, 21)
+    assert r.token_ids(0, 3) == [10, 11, 12]
+    assert r.token_ids(1, 5) == [11, 12, 20, 21]
+    assert r.token_ids(4, 5) == [21]
+    with pytest.raises(ValueError, match="no prompt token ids"):
+        Request("q", "m", 3, 4, slo, 0.0).token_ids(0, 1)

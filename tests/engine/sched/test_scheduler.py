@@ -433,3 +433,31 @@ def test_a_capacity_order_without_rotation_never_rotates_by_choice() -> None:
     assert _chosen_preemptions(_c2_like(("free", "inactive", "active"))) == 0
     # Rotation after the active models' layers: those are lent first, rotation less.
     assert _chosen_preemptions(_c2_like(("free", "inactive", "active", "rotation"))) < by_default
+
+
+def test_the_plan_carries_each_entrys_tokens_and_block_table() -> None:
+    # The executor reads nothing but the plan: every batch entry's tokens, and its
+    # request's block table as it stands after the step's moves.
+    core, _ = make_core(tiny_config(kv_blocks=64, max_batch_tokens=16))
+    prompts = {f"r{i}": list(range(100 * i, 100 * i + 20 + i)) for i in range(3)}
+    requests = []
+    for rid, ids in prompts.items():
+        r = dataclasses.replace(request(rid, len(ids), 5), prompt_token_ids=ids)
+        requests.append(r)
+        core.add_request(r)
+    seen = 0
+    while not core.is_idle():
+        core.step()
+        plan = core.executor.plans[-1]  # type: ignore[attr-defined]
+        assert (
+            plan.token_ids.keys() == plan.block_tables.keys() == {e.request_id for e in plan.batch}
+        )
+        for e in plan.batch:
+            r = next(q for q in requests if q.id == e.request_id)
+            whole = prompts[r.id] + r.output_token_ids
+            start = e.num_computed_tokens
+            assert plan.token_ids[r.id] == whole[start : start + e.num_tokens]
+            blocks = plan.block_tables[r.id]
+            assert len(blocks) * core.memory.block_tokens >= start + e.num_tokens
+            seen += 1
+    assert seen >= 3 * 5
