@@ -119,6 +119,16 @@ class KVMemory(Relocation):
             room = min(room, ceiling)
         return max(0, room) // pool.chunk_bytes * pool.blocks_per_chunk
 
+    def out_of_reach(
+        self, model: str, num_tokens: int, bounds: KvBounds | None = None
+    ) -> tuple[int, int] | None:
+        """``(blocks needed, blocks the model could ever hold)`` when a sequence of
+        ``num_tokens`` tokens could never fit ``model``'s KV (``num_total_blocks``, of
+        ``bounds`` when given); None when it could. The one rule for "can this request
+        ever run": the server's preflight and the scheduler both ask it."""
+        need, total = self.num_blocks(num_tokens), self.num_total_blocks(model, bounds)
+        return (need, total) if need > total else None
+
     def held_bytes(self) -> dict[str, int]:
         """Device KV bytes each model's pool holds (used or not)."""
         return {m: pool.num_held * pool.block_bytes for m, pool in self._pools.items()}

@@ -146,11 +146,12 @@ class Scheduler:
             raise ValueError(f"request {request.id!r} already exists")
         if request.state is not WAITING or request.num_computed_tokens:
             raise ValueError(f"request {request.id!r} must arrive WAITING with no KV")
-        need = self.memory.num_blocks(request.prompt_tokens + request.max_output_tokens)
-        if need > self.memory.num_total_blocks(request.model):
+        tokens = request.prompt_tokens + request.max_output_tokens
+        beyond = self.memory.out_of_reach(request.model, tokens)
+        if beyond is not None:
             raise ValueError(
-                f"request {request.id!r} needs {need} KV blocks; model {request.model!r} "
-                f"has {self.memory.num_total_blocks(request.model)}"
+                f"request {request.id!r} needs {beyond[0]} KV blocks; model "
+                f"{request.model!r} has {beyond[1]}"
             )
         self.requests[request.id] = request
         self.queues[request.model].waiting[request.id] = request
@@ -185,11 +186,11 @@ class Scheduler:
         bounds = KvBounds(specs)
         memory = self.memory
         for r in self.requests.values():
-            need = memory.num_blocks(r.prompt_tokens + r.max_output_tokens)
-            room = memory.num_total_blocks(r.model, bounds)
-            if need > room:
+            beyond = memory.out_of_reach(r.model, r.prompt_tokens + r.max_output_tokens, bounds)
+            if beyond is not None:
                 raise ValueError(
-                    f"request {r.id!r} needs {need} KV blocks; model {r.model!r} would have {room}"
+                    f"request {r.id!r} needs {beyond[0]} KV blocks; model {r.model!r} would "
+                    f"have {beyond[1]}"
                 )
         self.tenancy.set_tenants(specs)
         memory.set_bounds(bounds)

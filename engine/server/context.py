@@ -43,14 +43,13 @@ class ServerState:
     def check_capacity(self, gen: GenerationRequest) -> None:
         """503 when one choice could never fit the model's device KV blocks."""
         memory = self.loop.engine.core.memory
-        total = memory.num_total_blocks(gen.model)
         for prompt in gen.prompts:
-            need = memory.num_blocks(len(prompt) + gen.params.max_tokens)
-            if need > total:
+            beyond = memory.out_of_reach(gen.model, len(prompt) + gen.params.max_tokens)
+            if beyond is not None:
                 raise unavailable(
                     f"The engine cannot admit this request: {len(prompt)} prompt tokens plus "
-                    f"max_tokens {gen.params.max_tokens} need {need} KV blocks, and model "
-                    f"{gen.model!r} has {total}."
+                    f"max_tokens {gen.params.max_tokens} need {beyond[0]} KV blocks, and "
+                    f"model {gen.model!r} has {beyond[1]}."
                 )
 
 

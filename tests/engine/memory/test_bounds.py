@@ -43,6 +43,10 @@ def test_pools_claim_within_floors_and_ceilings() -> None:
     assert memory.num_free_blocks("other") == 3
     assert memory.num_free_blocks("tiny") == 10
     assert memory.num_total_blocks("other") == 3 and memory.num_total_blocks("tiny") == 10
+    # What can ever run is asked of memory: 3 blocks of 4 tokens for other, 10 for tiny.
+    assert memory.out_of_reach("other", 12) is None
+    assert memory.out_of_reach("other", 13) == (4, 3)
+    assert memory.out_of_reach("tiny", 13) is None
     r = request("r", 12, 4, model="other")
     memory.allocate(r)
     assert memory.num_free_blocks("tiny") == 7 and memory.num_free_blocks("other") == 0
