@@ -301,13 +301,13 @@ class Scheduler:
     def _inputs(self, plan: StepPlan) -> None:
         """What the executor reads for each batch entry (``StepPlan.block_tables``,
         ``token_ids``), taken once the step's moves are planned."""
-        memory, requests = self.memory, self.requests
-        for e in plan.batch:
-            plan.block_tables[e.request_id] = memory.block_ids(e.request_id)
-            r = requests[e.request_id]
-            if r.prompt_token_ids is not None:
-                start = e.num_computed_tokens
-                plan.token_ids[e.request_id] = r.token_ids(start, start + e.num_tokens)
+        block_ids, requests = self.memory.block_ids, self.requests
+        plan.block_tables = {e.request_id: block_ids(e.request_id) for e in plan.batch}
+        plan.token_ids = {
+            e.request_id: r.token_ids(e.num_computed_tokens, e.num_computed_tokens + e.num_tokens)
+            for e in plan.batch
+            if (r := requests[e.request_id]).prompt_token_ids is not None
+        }
 
     def _within_budget(
         self,
