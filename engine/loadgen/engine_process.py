@@ -84,6 +84,14 @@ def wait_until_up(proc: subprocess.Popen[bytes], url: str, failure: Callable[[],
             time.sleep(0.1)
 
 
+def engine_command(port: int, kv_tokens: int, *args: str) -> list[str]:
+    """The command line of ``shunter engine`` (this interpreter's) on CPU on loopback
+    ``port`` with ``kv_tokens`` of KV a model, then ``args`` (``--model``, ...)."""
+    shunter = Path(sys.executable).with_name("shunter")
+    cpu = ["--device", "cpu", "--port", str(port), "--kv-tokens", str(kv_tokens)]
+    return [str(shunter), "engine", *cpu, *args]
+
+
 def start_engine(
     model_dir: Path, kv_tokens: int, threads: int, *, extra_args: Sequence[str] = ()
 ) -> tuple[subprocess.Popen[bytes], str]:
@@ -91,20 +99,7 @@ def start_engine(
     port (with ``extra_args``, e.g. more models), once its /health answers; the process
     and its base URL."""
     port = free_port()
-    shunter = Path(sys.executable).with_name("shunter")
-    command = [
-        str(shunter),
-        "engine",
-        "--device",
-        "cpu",
-        "--port",
-        str(port),
-        "--kv-tokens",
-        str(kv_tokens),
-        "--model",
-        f"{MODEL}={model_dir}",
-        *extra_args,
-    ]
+    command = engine_command(port, kv_tokens, "--model", f"{MODEL}={model_dir}", *extra_args)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     env.pop("SHUNTER_ENGINE_TOKEN", None)
     proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

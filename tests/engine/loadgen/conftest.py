@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from shunter.engine.exec.model_init import init_model_dir, preset_config
+from shunter.engine.loadgen.engine_process import engine_command
 from shunter.engine.loadgen.sse_fixture import fixture_process
-from tests.conftest import VENV_BIN, free_port
+from tests.conftest import free_port
 
 ENGINE_TOKEN = "loadgen-test-token"
 ENGINE_MODEL = "llama"
@@ -39,18 +40,7 @@ def engine_url(tiny_llama: Path) -> Iterator[str]:
     """``shunter engine`` serving tiny-llama as 'llama' on CPU, with a bearer token."""
     port = free_port()
     proc = subprocess.Popen(
-        [
-            str(VENV_BIN / "shunter"),
-            "engine",
-            "--device",
-            "cpu",
-            "--port",
-            str(port),
-            "--kv-tokens",
-            "8192",
-            "--model",
-            f"{ENGINE_MODEL}={tiny_llama}",
-        ],
+        engine_command(port, 8192, "--model", f"{ENGINE_MODEL}={tiny_llama}"),
         env={**os.environ, "SHUNTER_ENGINE_TOKEN": ENGINE_TOKEN, "OMP_NUM_THREADS": "1"},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -8,12 +8,12 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import torch
 
+from shunter.engine.loadgen.engine_process import engine_command
 from shunter.engine.server.models import ModelArg
 from shunter.engine.server.serve import build_state
 from shunter.engine.server.settings import EngineSettings
@@ -42,23 +42,16 @@ def _free_port() -> int:
 
 def test_engine_process_serves_and_exits_zero_on_sigterm(model_dirs: dict[str, Path]) -> None:
     port = _free_port()
-    shunter = Path(sys.executable).with_name("shunter")
     proc = subprocess.Popen(
-        [
-            str(shunter),
-            "engine",
-            "--device",
-            "cpu",
-            "--port",
-            str(port),
-            "--kv-tokens",
-            "4096",
+        engine_command(
+            port,
+            4096,
             "--check-integrity",
             "--model",
             f"llama={model_dirs['tiny-llama']}:temporal",
             "--model",
             f"qwen={model_dirs['tiny-qwen2']}:spatial",
-        ],
+        ),
         env={**os.environ, "SHUNTER_ENGINE_TOKEN": "t0k"},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
