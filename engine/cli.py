@@ -24,7 +24,7 @@ def register(
     """Add the engine's subcommands to the ``shunter`` parser, and each of
     ``more_benches`` (another package's ``shunter bench`` parsers, such as the
     gateway's) among the benchmarks: the engine imports no other package."""
-    from shunter.engine.exec.calibrate_cli import add_calibrate_parser
+    from shunter.engine.calibrate.cli import add_calibrate_parser
     from shunter.engine.exec.cli import (
         add_bench_executor_parser,
         add_bench_remap_exec_parser,

@@ -79,7 +79,7 @@ except ImportError as e:
 EOF
 
 step tests 240 "$PY" -m pytest -q -p no:cacheprovider -o addopts=-ra $XDIST \
-  --junitxml="$REPORT/junit.xml" tests/kernels tests/engine/exec
+  --junitxml="$REPORT/junit.xml" tests/kernels tests/engine/exec tests/engine/calibrate
 step bench-kernels 100 shunter bench kernels
 MODELS=$REPORT/models
 step model-init 40 shunter model init --preset small-llama --out "$MODELS/small-llama"

@@ -313,7 +313,7 @@ def load_profile(path: str | Path) -> HardwareProfile:
     ``shunter engine calibrate`` writes this schema (``profile_json``) and adds a
     ``calibration`` object with what it measured beyond it: each direction's and the
     duplex copy curve, and per-model layer timings for the remapping controller
-    (``engine/exec/calibrate.py``). Keys this function does not know are ignored. A
+    (``engine/calibrate/run.py``). Keys this function does not know are ignored. A
     measured profile's ``peak_flops`` and ``hbm_bw`` are achieved figures, so without
     the optional keys the cost model uses them as they are.
     """

@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from shunter.engine.exec.calibrate_device import CopyPoint
-from shunter.engine.exec.calibrate_layers import LayerPoint, ModelTimings, Shape
+from shunter.engine.calibrate.device import CopyPoint
+from shunter.engine.calibrate.layers import LayerPoint, ModelTimings, Shape
 from shunter.engine.remap.timing import LayerTiming
 from shunter.engine.sim.hardware import GB, KiB, MiB
 

@@ -48,7 +48,7 @@ def add_calibrate_parser(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def cmd_calibrate(ns: argparse.Namespace) -> int:
-    from shunter.engine.exec.calibrate import CalibrationError, run_calibrate
+    from shunter.engine.calibrate.run import CalibrationError, run_calibrate
 
     try:
         run_calibrate(

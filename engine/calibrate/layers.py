@@ -20,9 +20,9 @@ from typing import Literal
 
 import torch
 
+from shunter.engine.calibrate.device import synchronize
 from shunter.engine.config import ModelSpec
 from shunter.engine.exec.batch import ForwardBatch, SequenceChunk
-from shunter.engine.exec.calibrate_device import synchronize
 from shunter.engine.exec.loader import LayerWeights, load_model
 from shunter.engine.exec.model import Transformer, kv_block_shape
 

@@ -38,13 +38,13 @@ from typing import Any
 
 import torch
 
-from shunter.engine.config import ModelSpec
-from shunter.engine.exec.calibrate_device import (
+from shunter.engine.calibrate.device import (
     CopyBench,
     device_bandwidth,
     matmul_flops,
 )
-from shunter.engine.exec.calibrate_json import (
+from shunter.engine.calibrate.layers import ModelTimings, Shape, measure_model
+from shunter.engine.calibrate.profile import (
     COPY_HEADER,
     copies_json,
     copy_line,
@@ -52,7 +52,7 @@ from shunter.engine.exec.calibrate_json import (
     model_json,
     model_lines,
 )
-from shunter.engine.exec.calibrate_layers import ModelTimings, Shape, measure_model
+from shunter.engine.config import ModelSpec
 from shunter.engine.exec.hf_config import model_spec_from_config, read_config
 from shunter.engine.sim.cost import SeqWork, StepCostModel
 from shunter.engine.sim.hardware import (

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from shunter.engine.exec.calibrate_json import timing_priors
-from shunter.engine.exec.calibrate_layers import Shape, measure_model
+from shunter.engine.calibrate.layers import Shape, measure_model
+from shunter.engine.calibrate.profile import timing_priors
 from shunter.engine.exec.hf_config import model_spec_from_config, read_config
 from shunter.engine.exec.model_init import init_model_dir, preset_config
 from shunter.engine.sim.catalog import CATALOG
