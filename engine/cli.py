@@ -24,12 +24,12 @@ def register(
     """Add the engine's subcommands to the ``shunter`` parser, and each of
     ``more_benches`` (another package's ``shunter bench`` parsers, such as the
     gateway's) among the benchmarks: the engine imports no other package."""
-    from shunter.engine.calibrate.cli import add_calibrate_parser
-    from shunter.engine.exec.cli import (
+    from shunter.engine.benchmarks.cli import (
         add_bench_executor_parser,
         add_bench_remap_exec_parser,
-        add_generate_parser,
     )
+    from shunter.engine.calibrate.cli import add_calibrate_parser
+    from shunter.engine.exec.cli import add_generate_parser
     from shunter.engine.loadgen.cli import add_bench_parsers as add_loadgen_parsers
     from shunter.engine.server.cli import add_bench_server_parser, add_engine_parser
     from shunter.engine.sim.cli import add_bench_simulator_parser, add_simulate_parser

@@ -42,7 +42,8 @@ def _token_ids(text: str) -> list[int]:
     return ids
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """An argparse type: an integer above 0."""
     try:
         value = int(text)
     except ValueError:
@@ -92,7 +93,7 @@ def add_bench_arguments(
     threads_default = f"default {threads}" if threads else "default: every core"
     p.add_argument(
         "--threads",
-        type=_positive_int,
+        type=positive_int,
         default=threads,
         help=f"{threads_help} ({threads_default})",
     )
@@ -104,7 +105,7 @@ def add_bench_arguments(
     for flag, default, meaning in counts:
         if default is not None:
             p.add_argument(
-                flag, type=_positive_int, default=default, help=f"{meaning} (default {default})"
+                flag, type=positive_int, default=default, help=f"{meaning} (default {default})"
             )
     if device:
         p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="default cpu")
@@ -152,7 +153,7 @@ def add_generate_parser(sub: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument(
         "--max-tokens",
-        type=_positive_int,
+        type=positive_int,
         required=True,
         metavar="N",
         help="output tokens per request (--requests: for lines without max_tokens)",
@@ -229,79 +230,3 @@ def cmd_generate(ns: argparse.Namespace) -> int:
     for line in (format_json if ns.json else format_text)(result):
         print(line)
     return 0
-
-
-def add_bench_executor_parser(benches: argparse._SubParsersAction[Any]) -> None:
-    """Add ``bench executor``: engine against transformers, and the cost of rotation."""
-    p = benches.add_parser(
-        "executor",
-        help="CPU: engine tokens/s against transformers generate; KV rotation step cost",
-        description="Write small-llama (random weights) to a temporary directory unless "
-        "--model names one; (a) greedy output tokens/s of the engine against transformers' "
-        "generate on the same batch of prompts, (b) wall time of a decode step with B KV "
-        "blocks swapped each way against one with none. Host time on this machine.",
-    )
-    add_bench_arguments(p, preset="small-llama", prompt_tokens=64, max_tokens=32, device=True)
-    p.add_argument("--prompts", type=_positive_int, default=16, help="batch size (default 16)")
-    p.add_argument(
-        "--swap-blocks",
-        type=_positive_int,
-        default=64,
-        help="B: KV blocks swapped each way in the rotation step (default 64)",
-    )
-    p.set_defaults(func=cmd_bench_executor)
-
-
-def cmd_bench_executor(ns: argparse.Namespace) -> int:
-    from shunter.engine.exec.bench import bench_executor
-
-    return print_report(
-        bench_executor(
-            model_dir=ns.model,
-            num_prompts=ns.prompts,
-            prompt_tokens=ns.prompt_tokens,
-            max_tokens=ns.max_tokens,
-            swap_blocks=ns.swap_blocks,
-            threads=ns.threads,
-            device=ns.device,
-        )
-    )
-
-
-def add_bench_remap_exec_parser(benches: argparse._SubParsersAction[Any]) -> None:
-    """Add ``bench remap-exec``: a decode step with k layers streamed against none."""
-    p = benches.add_parser(
-        "remap-exec",
-        help="decode step time with k remapped layers streamed through slots vs none",
-        description="Write small-llama (random weights) to a temporary directory unless "
-        "--model names one, decode a batch with parameter remapping forced to k lent "
-        "layers (each forward pass copies k+1 or k+2 layers into slots) and print the "
-        "median step time against the same batch with none. Host time on this machine.",
-    )
-    add_bench_arguments(p, preset="small-llama", rounds=3, device=True)
-    p.add_argument(
-        "--lent",
-        type=lambda text: tuple(int(v) for v in text.split(",")),
-        default=(1, 2, 4),
-        metavar="K,K",
-        help="lent layer counts to time (default 1,2,4)",
-    )
-    p.add_argument("--prompts", type=_positive_int, default=8, help="batch size (default 8)")
-    p.add_argument("--steps", type=_positive_int, default=8, help="timed steps a round (default 8)")
-    p.set_defaults(func=cmd_bench_remap_exec)
-
-
-def cmd_bench_remap_exec(ns: argparse.Namespace) -> int:
-    from shunter.engine.exec.bench_remap import bench_remap_exec
-
-    return print_report(
-        bench_remap_exec(
-            model_dir=ns.model,
-            lent=ns.lent,
-            num_prompts=ns.prompts,
-            steps=ns.steps,
-            rounds=ns.rounds,
-            threads=ns.threads,
-            device=ns.device,
-        )
-    )

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from shunter.engine.exec.bench import bench_executor
+from shunter.engine.benchmarks.executor import bench_executor
 from shunter.platform.cli import main
 
 
