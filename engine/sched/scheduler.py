@@ -10,7 +10,9 @@ and moving KV capacity between models (``capacity``).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from shunter.engine.config import EngineConfig, ModelSpec, TenantSpec
 from shunter.engine.memory.bounds import KvBounds
@@ -324,18 +326,31 @@ class Scheduler:
         chunk at least), so that a step of hundreds of decodes does not outlast the
         target either and prompts still progress beside them. Decodes beyond their
         share wait a step, the most slack first."""
-        max_tokens = self.config.max_batch_tokens
-        total = budget.tokens_for(_StepWork(decodes, prefills, admit, max_tokens).shape)
+        work = self._work(decodes, prefills, admit)
+        total = budget.tokens_for(work.shape)
         first = FirstTokens.of(admit, total, budget.target_s, now, self.memory.can_allocate)
         if first.light:  # the step runs less: its budget is that work's
             prefills, admit = first.prompts(prefills), first.prompts(admit)
             decodes = first.decodes(decodes)
-            total = budget.tokens_for(_StepWork(decodes, prefills, admit, max_tokens).shape)
+            work = self._work(decodes, prefills, admit)
+            total = budget.tokens_for(work.shape)
         self.last_step_tokens = total
-        share = _StepWork(decodes, prefills, admit, max_tokens).decode_share(total)
+        share = work.decode_share(total)
         num_decodes = share - add_decodes(plan, least_slack(decodes, share, now), share)
-        tokens = min(max_tokens, total) - num_decodes
+        tokens = min(self.config.max_batch_tokens, total) - num_decodes
         return prefills, admit, tokens
+
+    def _work(
+        self, decodes: list[Request], prefills: list[Request], admit: list[Request]
+    ) -> _StepWork:
+        """The step's work as ``Admission.fill`` will see it (``prefill_demand``)."""
+        running, waiting = self.admission.prefill_demand(prefills, admit)
+        # The requests whose tokens ``prefill_demand`` counts, and the decodes, by model.
+        seqs = Counter(r.model for r in prefills if r.state is RUNNING)
+        seqs.update(r.model for r in admit if r.state is WAITING)
+        decoding = Counter(r.model for r in decodes)
+        prompts = {m: running.get(m, 0) + waiting.get(m, 0) for m in running | waiting}
+        return _StepWork(decoding, prompts, seqs, self.config.max_batch_tokens)
 
     def update(self, plan: StepPlan, result: StepResult, now: float) -> list[Request]:
         """Apply the executor's result at time ``now``; return the requests that finished."""
@@ -381,29 +396,18 @@ class Scheduler:
         self._released.append(r.id)
 
 
+@dataclass(frozen=True)
 class _StepWork:
-    """The work a budgeted step chooses from: decodes, running prompts and admissions,
-    and how a budget of some total tokens would split it (``shape``): decodes and
-    prompts max-min fairly, each side's tokens among the models max-min fairly, as
+    """The work a budgeted step chooses from, per model: ``decodes``, pending ``prompts``
+    tokens (running prompts and admissions) and the ``prompt_seqs`` that hold them; and
+    how a budget of some total tokens would split it (``shape``): decodes and prompts
+    max-min fairly, each side's tokens among the models max-min fairly, as
     ``Scheduler._within_budget`` and ``Admission.fill`` do."""
 
-    def __init__(
-        self,
-        decodes: list[Request],
-        prefills: list[Request],
-        admit: list[Request],
-        max_tokens: int,
-    ) -> None:
-        self.max_tokens = max_tokens
-        self.decodes: dict[str, int] = {}
-        for r in decodes:
-            self.decodes[r.model] = self.decodes.get(r.model, 0) + 1
-        self.prompts: dict[str, int] = {}
-        self.prompt_seqs: dict[str, int] = {}
-        prompts = [r for r in prefills if r.state is RUNNING]
-        for r in prompts + [r for r in admit if r.state is WAITING]:
-            self.prompts[r.model] = self.prompts.get(r.model, 0) + r.num_pending_tokens
-            self.prompt_seqs[r.model] = self.prompt_seqs.get(r.model, 0) + 1
+    decodes: Mapping[str, int]
+    prompts: Mapping[str, int]
+    prompt_seqs: Mapping[str, int]
+    max_tokens: int
 
     def decode_share(self, total: int) -> int:
         demand = {"decodes": sum(self.decodes.values()), "prompts": sum(self.prompts.values())}

@@ -125,15 +125,19 @@ class StepBudget:
         if not models or not rest.is_measured or not set(models) <= curves.keys():
             return self.tokens
 
-        def step_s(total: int) -> float:
-            planned = shape(total)
+        def estimate(planned: StepShape) -> float:
             passes = (curves[m].seconds(n) for m, n in planned.tokens.items() if n > 0)
             return rest.seconds(planned.num_seqs) + math.fsum(passes)
 
+        def step_s(total: int) -> float:
+            return estimate(shape(total))
+
         least = rest.least_s + math.fsum(curves[m].least_s for m in models)
         allowed = max(self.target_s, (1 + FLAT_COST_MARGIN) * least)
+        # ``whole`` is the step at ``high`` too: every token it could batch, or all
+        # ``max_tokens``.
         low, high = self.min_tokens, min(self.max_tokens, sum(whole.tokens.values()))
-        if high <= low or step_s(high) <= allowed:
+        if high <= low or estimate(whole) <= allowed:
             return max(low, high)
         while low < high:  # the largest total within ``allowed`` (step_s never decreases)
             mid = (low + high + 1) // 2

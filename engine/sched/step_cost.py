@@ -81,14 +81,13 @@ class CostCurve:
         return ys[-1] + slope * (tokens - xs[-1])
 
     def _curve(self) -> tuple[list[float], list[float]]:
-        """The groups' points by size, each cost at least the one before (so the curve
-        never decreases, whatever noise or a stale group says)."""
+        """The groups' points by size (a group's mean stays within its power of two,
+        so sizes rise), each cost at least the one before (so the curve never
+        decreases, whatever noise or a stale group says)."""
         if self._points is None:
             xs: list[float] = []
             ys: list[float] = []
             for _, (n, s) in sorted(self._groups.items()):
-                if xs and n <= xs[-1]:
-                    continue  # means of neighbouring groups can meet; keep sizes rising
                 xs.append(n)
                 ys.append(max(s, ys[-1]) if ys else s)
             self._points = (xs, ys)

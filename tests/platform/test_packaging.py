@@ -160,3 +160,16 @@ def test_nothing_outside_the_engine_imports_the_engine_server() -> None:
         for path, names in _imports(folder).items():
             server = {n for n in names if n.startswith("shunter.engine.server")}
             assert not server, f"{path} imports {sorted(server)}"
+
+
+def test_the_wire_format_imports_no_torch_aiohttp_or_django() -> None:
+    # What the gateway shares with the engine loads in a process that has none of them.
+    modules = ", ".join(
+        f"shunter.engine.api.{m}" for m in ("errors", "headers", "jsonbody", "protocol", "timing")
+    )
+    out = run_python(
+        f"import sys, {modules}; print(sorted(m for m in ('torch', 'aiohttp', 'django') "
+        "if m in sys.modules))",
+        cwd=REPO,
+    )
+    assert out.strip() == "[]"
