@@ -1,6 +1,6 @@
 """The console's Benchmarks page: jobs (run now, edit the schedule), recent runs (status,
 cancel, JSON export, per-request CSV), charts of a run or of two runs compared.
-Writes go through ``shunter.platform.benchmarks``."""
+Writes go through ``shunter.benchmarks.services``."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from shunter.benchmarks import services as benchmarks
 from shunter.console import benchmark_figures
 from shunter.console.views import staff_required
-from shunter.platform import benchmarks
 from shunter.platform.models import BenchmarkJob, BenchmarkRun
 
 RECENT_RUNS = 30

@@ -16,6 +16,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
+from shunter.common.db import TenantScopedQuerySet
 from shunter.engine.api.headers import slo_to_header
 from shunter.engine.api.tokens import TOKEN_PATTERN, TOKEN_RULE
 from shunter.engine.config import ModelSpec, SloSpec
@@ -33,22 +34,6 @@ def validate_no_nul(value: Any) -> None:
     text = value if isinstance(value, str) else json.dumps(value)
     if "\x00" in text or "\\u0000" in text:
         raise ValidationError("NUL characters are not allowed.")
-
-
-class TenantScopedQuerySet(models.QuerySet[Any]):
-    """Rows that belong to a tenant through ``tenant_path`` (a lookup path to Tenant).
-
-    ``restrict`` is the one place that scopes a query to a tenant: every tenant-owned
-    model's manager is one of these, and every selector and API view goes through it.
-    """
-
-    tenant_path = "tenant"
-
-    def restrict(self, tenant: Any) -> Self:
-        """Only the rows of ``tenant`` (a Tenant or its id); None leaves them all."""
-        if tenant is None:
-            return self
-        return self.filter(**{self.tenant_path: tenant})
 
 
 class DeploymentQuerySet(TenantScopedQuerySet):
@@ -216,6 +201,9 @@ class Node(models.Model):
 
 # The node statuses the gateway routes new requests to: up, or not polled yet.
 ROUTABLE_STATUSES = (Node.Status.HEALTHY, Node.Status.UNKNOWN)
+# How long a gateway serves a route table it read: a cordon or a status change reaches
+# every gateway within it (the drain-first change waits for it).
+ROUTES_CACHE_S = 2.0
 
 
 class Model(models.Model):

@@ -21,16 +21,15 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.core.cache import cache
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import ProtectedError
 from django.utils import timezone
 
+from shunter.common.db import InUse
 from shunter.engine.config import ModelSpec, RemapConfig
 from shunter.engine.exec.hf_config import ArchConfig, read_config
 from shunter.engine.exec.hf_config import model_spec_from_config as spec_of_config
 from shunter.platform import selectors
 from shunter.platform.engine_client import DEFAULT_TIMEOUT_S, EngineClient, EngineError
-from shunter.platform.gateway.routes import ROUTES_CACHE_S
-from shunter.platform.models import Deployment, Model, Node, SloClass
+from shunter.platform.models import ROUTES_CACHE_S, Deployment, Model, Node, SloClass
 
 log = logging.getLogger("shunter.platform")
 
@@ -378,7 +377,7 @@ def deployment_update(*, deployment: Deployment, **fields: Any) -> Deployment:
     return _save_deployment(deployment, {before, deployment.node})
 
 
-class DeploymentInUse(ProtectedError):
+class DeploymentInUse(InUse):
     """A deployment that has usage history cannot be deleted (the API answers 409)."""
 
 

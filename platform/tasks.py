@@ -1,17 +1,17 @@
-"""Celery tasks of the platform: thin, ids in, a service call, a small summary out."""
+"""Celery tasks of the platform (node changes and polls): thin, ids in, a service call,
+a small summary out."""
 
 from __future__ import annotations
 
 import logging
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from celery import shared_task
 from django.core.cache import cache
 from django.db import connection
 
-from shunter.platform import benchmarks, services
-from shunter.platform.celery import app
+from shunter.platform import services
 from shunter.platform.models import Node
 
 log = logging.getLogger("shunter.platform")
@@ -19,7 +19,7 @@ log = logging.getLogger("shunter.platform")
 POLL_THREADS = 32
 
 
-@app.task(name="shunter.platform.nodes_roll_out")  # type: ignore[untyped-decorator]
+@shared_task(name="shunter.platform.nodes_roll_out")  # type: ignore[untyped-decorator]
 def nodes_roll_out_task(node_ids: list[int]) -> list[dict[str, Any]]:
     """Change nodes ``node_ids`` to serve their desired deployments, drain first and
     one replica of a model at a time."""
@@ -27,7 +27,7 @@ def nodes_roll_out_task(node_ids: list[int]) -> list[dict[str, Any]]:
     return [_changed(node_id, c) for node_id, c in zip(node_ids, results, strict=True)]
 
 
-@app.task(name="shunter.platform.node_change")  # type: ignore[untyped-decorator]
+@shared_task(name="shunter.platform.node_change")  # type: ignore[untyped-decorator]
 def node_change_task(node_id: int) -> dict[str, Any]:
     """Change node ``node_id`` (a poll found it serving another set than desired)."""
     cache.delete(services.change_queued_key(node_id))
@@ -50,7 +50,7 @@ def _changed(node_id: int, changed: services.Changed | None) -> dict[str, Any]:
     }
 
 
-@app.task(name="shunter.platform.node_poll")  # type: ignore[untyped-decorator]
+@shared_task(name="shunter.platform.node_poll")  # type: ignore[untyped-decorator]
 def node_poll_task(node_id: int) -> dict[str, Any]:
     """Poll node ``node_id``'s engine (and reconcile it if it restarted or drifted)."""
     node = Node.objects.filter(pk=node_id).first()
@@ -65,7 +65,7 @@ def node_poll_task(node_id: int) -> dict[str, Any]:
     }
 
 
-@app.task(name="shunter.platform.nodes_poll")  # type: ignore[untyped-decorator]
+@shared_task(name="shunter.platform.nodes_poll")  # type: ignore[untyped-decorator]
 def nodes_poll_task() -> int:
     """Poll every registered node at once (beat runs this every few seconds), each on a
     thread of this task within ``services.POLL_BUDGET_S``: an engine that does not
@@ -89,33 +89,3 @@ def _poll_on_a_thread(node_id: int) -> None:
         log.exception("poll of node %s failed", node_id)
     finally:
         connection.close()
-
-
-@app.task(name="shunter.platform.benchmark_run", bind=True, max_retries=None)  # type: ignore[untyped-decorator]
-def benchmark_run_task(self: Any, run_key: str) -> dict[str, Any]:
-    """Execute benchmark run ``run_key``; while its target is busy, retry later on the
-    same queue (run in-process, without a broker, wait here instead)."""
-    while True:
-        done = benchmarks.benchmark_run_execute(key=run_key)
-        if done.outcome != "waiting":
-            return {"run": done.run_id, "status": done.outcome}
-        if not self.request.is_eager:
-            raise self.retry(countdown=benchmarks.LOCK_RETRY_S)
-        time.sleep(benchmarks.LOCK_RETRY_S)
-
-
-@app.task(name=benchmarks.FIRE_TASK, bind=True)  # type: ignore[untyped-decorator]
-def benchmark_job_fire_task(self: Any, job_id: int) -> dict[str, Any]:
-    """Beat's entry for a scheduled job: start a run on the benchmark queue, or on the
-    queue this came from if an operator gave the schedule one."""
-    queue = (self.request.delivery_info or {}).get("routing_key") or None
-    if queue == app.conf.task_default_queue:
-        queue = None  # the run's own route
-    run = benchmarks.benchmark_job_fire(job_id=job_id, queue=queue)
-    return {"job": job_id, "run": run.pk if run is not None else None}
-
-
-@app.task(name="shunter.platform.benchmark_runs_reap")  # type: ignore[untyped-decorator]
-def benchmark_runs_reap_task() -> list[int]:
-    """Fail the benchmark runs that no worker executes any longer (beat runs this)."""
-    return benchmarks.benchmark_runs_reap()

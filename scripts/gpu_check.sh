@@ -33,7 +33,7 @@ export PYTHONPATH="$SITE:$REPO${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 # Tests that start `shunter` as a program find it beside the interpreter.
 BIN=$(mktemp -d)
-printf '#!/bin/sh\nexec %s -c "import sys; from shunter.platform.cli import main; sys.exit(main())" "$@"\n' \
+printf '#!/bin/sh\nexec %s -c "import sys; from shunter.project.cli import main; sys.exit(main())" "$@"\n' \
   "$(command -v "$PY")" >"$BIN/shunter"
 chmod +x "$BIN/shunter"
 export PATH="$BIN:$PATH"

@@ -6,7 +6,10 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 tree=var/typecheck/shunter
 mkdir -p "$tree"
-for pkg in engine kernels platform tenants console; do
+packages=(engine kernels common platform tenants benchmarks console gateway project)
+args=()
+for pkg in "${packages[@]}"; do
   ln -sfn "../../../$pkg" "$tree/$pkg"
+  args+=(-p "shunter.$pkg")
 done
-"$VENV/bin/mypy" -p shunter.engine -p shunter.kernels -p shunter.platform -p shunter.tenants -p shunter.console
+"$VENV/bin/mypy" "${args[@]}"

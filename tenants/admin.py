@@ -10,7 +10,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from shunter.platform.admin import ServiceAdmin
+from shunter.common.admin import ServiceAdmin
 from shunter.tenants import services
 from shunter.tenants.models import ApiKey, RequestRecord, Tenant, UsageRollup
 

@@ -1,7 +1,7 @@
 """Tenants, their API keys, and what their requests did (records and per-minute rollups).
 
 Every tenant-owned row is reached through ``restrict(tenant)`` of its manager
-(``platform.models.TenantScopedQuerySet``): the one place that scopes a query to a
+(``common.db.TenantScopedQuerySet``): the one place that scopes a query to a
 tenant, so no view or selector can forget it.
 """
 
@@ -13,7 +13,8 @@ from datetime import datetime
 from django.db import models
 from django.utils import timezone
 
-from shunter.platform.models import Deployment, Model, SloClass, TenantScopedQuerySet
+from shunter.common.db import TenantScopedQuerySet
+from shunter.platform.models import Deployment, Model, SloClass
 
 KEY_PREFIX = "sk-shunter-"
 KEY_DISPLAY_CHARS = 16  # the prefix shown in lists: "sk-shunter-" and five more

@@ -6,8 +6,8 @@ from typing import Any
 
 from rest_framework import serializers
 
+from shunter.common.api import ServiceSerializer
 from shunter.platform import services
-from shunter.platform.api.base import ServiceSerializer
 from shunter.platform.models import (
     Deployment,
     Model,

@@ -10,13 +10,13 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from shunter.platform import selectors, services
-from shunter.platform.api import serializers as s
-from shunter.platform.api.base import (
+from shunter.common.api import (
     TENANT_PARAMETER,
     ServiceModelViewSet,
     TenantScopedMixin,
 )
+from shunter.platform import selectors, services
+from shunter.platform.api import serializers as s
 from shunter.platform.models import Deployment, Node
 
 

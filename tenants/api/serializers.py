@@ -6,7 +6,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from shunter.platform.api.base import ServiceSerializer
+from shunter.common.api import ServiceSerializer
 from shunter.platform.models import Deployment, Model
 from shunter.tenants import services
 from shunter.tenants.models import ApiKey, RequestRecord, Tenant

@@ -13,7 +13,7 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from shunter.platform.api.base import (
+from shunter.common.api import (
     TENANT_PARAMETER,
     ServiceErrorsMixin,
     ServiceModelViewSet,

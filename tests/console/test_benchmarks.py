@@ -11,7 +11,7 @@ import pytest
 from django.test import Client
 from django_celery_beat.models import PeriodicTask
 
-from shunter.platform.benchmarks import benchmark_job_create
+from shunter.benchmarks.services import benchmark_job_create
 from shunter.platform.models import BenchmarkJob, BenchmarkRun
 
 pytestmark = pytest.mark.django_db

@@ -23,7 +23,7 @@ from shunter.platform.services import deployment_create, model_create, node_poll
 from shunter.tenants.services import tenant_create
 from tests.conftest import REPO
 from tests.console.test_benchmarks import finished_run, result, sim_job
-from tests.platform.gateway.conftest import ENGINE_TOKEN, Engine, Gateway, World, bearer, call
+from tests.gateway.conftest import ENGINE_TOKEN, Engine, Gateway, World, bearer, call
 
 CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOTS = REPO / "var" / "screenshots"

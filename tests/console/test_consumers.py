@@ -22,8 +22,8 @@ from django.test import Client
 from django.utils import timezone
 
 from shunter.console.broadcaster import LEASE_KEY, Broadcaster, broadcaster
-from shunter.platform.asgi import application
 from shunter.platform.models import Node
+from shunter.project.asgi import application
 from tests.console.states import engine_like_state
 from tests.console.test_views import record
 from tests.tenants.factories import make_deployment, make_tenant

@@ -23,7 +23,7 @@ from shunter.engine.benchcheck import (
     simulator_figures,
 )
 from shunter.engine.benchfigure import BenchFigure, write_figures
-from shunter.platform.cli import main
+from shunter.project.cli import main
 from tests.conftest import REPO
 
 

@@ -14,8 +14,8 @@ import redis
 
 from shunter.platform.beat import BeatLock
 from tests import waiting
+from tests.benchmarks.test_worker import process_env
 from tests.conftest import VENV_BIN, Process
-from tests.platform.test_benchmarks_worker import process_env
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
 pytestmark = pytest.mark.skipif(not REDIS_URL, reason="REDIS_URL is not set (make test sets it)")

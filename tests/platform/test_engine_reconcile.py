@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from shunter.engine.exec.model_init import init_model_dir, preset_config
-from shunter.platform.management.commands.seed_demo import seed_demo
 from shunter.platform.models import Deployment, Model, Node
 from shunter.platform.services import node_poll, node_reconcile
+from shunter.project.management.commands.seed_demo import seed_demo
 from shunter.tenants.keys import secret_digest
 from shunter.tenants.models import ApiKey, Tenant
 from tests.conftest import VENV_BIN, free_port

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from shunter.engine.benchmarks.executor import bench_executor
-from shunter.platform.cli import main
+from shunter.project.cli import main
 
 
 def test_executor_bench_reports_both_ratios(tiny_dirs: dict[str, Path]) -> None:

@@ -18,7 +18,7 @@ from shunter.engine.exec.generate import GenerateResult, generate_from_args
 from shunter.engine.exec.model_init import init_model_dir, preset_config
 from shunter.engine.exec.serving import model_specs
 from shunter.engine.exec.sizing import BLOCK_TOKENS, page_bytes_for, weight_bytes
-from shunter.platform.cli import build_parser, main
+from shunter.project.cli import build_parser, main
 
 MODELS = ("tiny-llama", "tiny-qwen2")
 

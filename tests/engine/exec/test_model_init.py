@@ -17,7 +17,7 @@ from shunter.engine.exec.hf_config import ArchConfig, model_spec_from_config
 from shunter.engine.exec.loader import load_model
 from shunter.engine.exec.model_init import init_model_dir, parameter_shapes, preset_config
 from shunter.engine.exec.presets import PRESETS
-from shunter.platform.cli import main
+from shunter.project.cli import main
 
 CPU = torch.device("cpu")
 
@@ -148,7 +148,7 @@ def test_cli_rejects_an_unknown_preset(tmp_path: Path, capsys: pytest.CaptureFix
 
 def test_the_cli_parser_does_not_import_torch() -> None:
     code = (
-        "import sys; from shunter.platform.cli import build_parser; build_parser(); "
+        "import sys; from shunter.project.cli import build_parser; build_parser(); "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -26,7 +26,7 @@ from shunter.engine.exec.sizing import (
 )
 from shunter.engine.memory.arena import FREE
 from shunter.engine.request import RequestState
-from shunter.platform.cli import main
+from shunter.project.cli import main
 from tests.engine.exec.conftest import CPU
 
 NUM_LAYERS = 12

@@ -13,7 +13,7 @@ import pytest
 
 from shunter.engine.server.cli import TOKEN_ENV, engine_token
 from shunter.engine.server.settings import SettingsError
-from shunter.platform.cli import build_parser
+from shunter.project.cli import build_parser
 from tests.conftest import VENV_BIN, Process, free_port
 from tests.engine.server.conftest import request
 from tests.waiting import wait_for

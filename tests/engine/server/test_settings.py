@@ -73,7 +73,7 @@ def test_the_shipped_example_config_parses() -> None:
 def test_the_step_target_from_the_command_line_must_be_positive(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from shunter.platform.cli import build_parser
+    from shunter.project.cli import build_parser
 
     ns = build_parser().parse_args(["engine", "--step-target-ms", "0", "--model", "m=/none"])
     assert ns.step_target_ms == 0 and ns.func(ns) == 2

@@ -5,7 +5,7 @@ import pytest
 
 from shunter.engine.sim.hardware import get_profile, profile_json
 from shunter.engine.sim.workload import WorkloadRequest, write_trace
-from shunter.platform.cli import main
+from shunter.project.cli import main
 
 
 def test_simulate_prints_a_simulated_table_and_writes_json_and_plot(

@@ -13,7 +13,7 @@ from shunter.engine.sim.paper import (
     oneiros_check,
     superinfer_check,
 )
-from shunter.platform.cli import main
+from shunter.project.cli import main
 
 AGREEMENTS = {SAME, OPPOSITE, NO_DIFFERENCE, NOT_COMPARED}
 

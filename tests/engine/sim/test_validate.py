@@ -15,7 +15,7 @@ from shunter.engine.sim.validate import (
     mean_iteration_s,
     run_checks,
 )
-from shunter.platform.cli import main
+from shunter.project.cli import main
 
 
 def test_calibration_figures_come_back_from_the_constants_derived_from_them() -> None:

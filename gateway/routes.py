@@ -1,0 +1,181 @@
+"""Where a model's requests go: the deployments by served name, cached for a few seconds.
+
+The table holds every deployment with its node's engine URL, token and health and its SLO
+class, read in one query and kept ``ttl_s`` seconds (2 by default, counted from the start
+of the read): a deployment that is disabled or a node that turns unhealthy is seen within
+that bound; a deployment that a key's grant names but the table lacks (just created)
+makes the table be read again. Under traffic the table is read again in the background
+once it is half as old as the bound, so requests rarely wait for it; those that do share
+one read. While the database is unreachable the table serves until it expires; then
+requests get a 503 ``database_unavailable``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import Any
+
+from shunter.gateway.balancer import Balancer
+from shunter.gateway.errors import engine_unavailable, model_not_found
+from shunter.platform.models import ROUTABLE_STATUSES, ROUTES_CACHE_S
+from shunter.tenants.auth import REFRESH_AT, KeyGrant, await_read, forbidden, submit_db
+
+MIN_READ_S = 0.2
+
+
+@dataclass(frozen=True)
+class Route:
+    """One deployment as the gateway forwards to it."""
+
+    deployment_id: int
+    model_name: str
+    context_tokens: int
+    enabled: bool
+    node_name: str
+    node_status: str
+    engine_url: str
+    engine_token: str
+    slo_header: str  # the deployment's SLO class as ``X-Shunter-Slo``
+    ttft_ms: int  # that class's TTFT target
+    node_cordoned: bool = False
+    # The model's requests queued and running on the node's engine, and its KV usage,
+    # at the last poll (the balancer's tie-break).
+    engine_load: tuple[int, float] = (0, 0.0)
+
+    @property
+    def routable(self) -> bool:
+        """Whether new requests may go here: enabled, on a node that is up (or not
+        polled yet) and not cordoned."""
+        return self.enabled and self.node_status in ROUTABLE_STATUSES and not self.node_cordoned
+
+
+def load_routes() -> dict[str, list[Route]]:
+    """Every deployment by served name (database read, for the gateway's threads)."""
+    from shunter.platform.models import Deployment
+
+    table: dict[str, list[Route]] = {}
+    for d in Deployment.objects.select_related("node", "model", "slo_class").order_by("pk"):
+        route = Route(
+            deployment_id=d.pk,
+            model_name=d.model.name,
+            context_tokens=d.context_tokens(),
+            enabled=d.enabled,
+            node_name=d.node.name,
+            node_status=d.node.status,
+            engine_url=d.node.engine_url.rstrip("/"),
+            engine_token=d.node.engine_token(),
+            slo_header=d.slo_class.header(),
+            ttft_ms=d.slo_class.ttft_ms,
+            node_cordoned=d.node.cordoned,
+            engine_load=engine_load(d.node.state, d.model.name),
+        )
+        table.setdefault(route.model_name, []).append(route)
+    return table
+
+
+def engine_load(state: Any, model: str) -> tuple[int, float]:
+    """``model``'s requests waiting and running, and its KV usage, as an engine's
+    ``/admin/state`` reported them; zeros for what it did not report."""
+    info = state.get("models", {}).get(model) if isinstance(state, dict) else None
+    if not isinstance(info, dict):
+        return (0, 0.0)
+    requests = info.get("requests")
+    queued = 0
+    if isinstance(requests, dict):
+        queued = sum(n for k in ("waiting", "running") if isinstance(n := requests.get(k), int))
+    usage = info.get("kv_usage")
+    return (queued, float(usage) if isinstance(usage, int | float) else 0.0)
+
+
+class RouteTable:
+    """The cached deployment table and the choice of a deployment for a request."""
+
+    def __init__(
+        self,
+        *,
+        ttl_s: float = ROUTES_CACHE_S,
+        load: Callable[[], dict[str, list[Route]]] = load_routes,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ttl_s = ttl_s
+        self._load = load
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._table: dict[str, list[Route]] = {}
+        self._ids: frozenset[int] = frozenset()
+        self._read_at = -float("inf")
+        self._reading: tuple[float, concurrent.futures.Future[dict[str, list[Route]]]] | None
+        self._reading = None
+        self.balancer = Balancer(clock=clock)
+
+    async def table(self, grant: KeyGrant | None = None) -> dict[str, list[Route]]:
+        """The table, read again when it is older than ``ttl_s``, or when ``grant`` names
+        a deployment it does not hold (a new one: seen at once, at most one read per
+        ``MIN_READ_S``); from ``REFRESH_AT`` of ``ttl_s`` on, read again in the
+        background while this one is used."""
+        now = self._clock()
+        age = now - self._read_at
+        unknown = grant is not None and not grant.deployment_ids <= self._ids
+        if age >= self.ttl_s or (unknown and age >= MIN_READ_S):
+            # A read started this recently serves as well as a new one would.
+            recent = MIN_READ_S if unknown else self.ttl_s
+            await await_read(self._read(now, after=now - recent))
+        elif age >= REFRESH_AT * self.ttl_s:
+            self._read(now, after=self._read_at)
+        return self._table
+
+    def _read(self, now: float, *, after: float) -> concurrent.futures.Future[Any]:
+        """The read in flight when it started at ``after`` or later, else a new one
+        started at ``now``; the table is replaced when it ends."""
+        with self._lock:
+            if self._reading is not None and self._reading[0] >= after:
+                return self._reading[1]
+            reading = submit_db(self._load)
+            self._reading = (now, reading)
+
+        def done(future: concurrent.futures.Future[dict[str, list[Route]]]) -> None:
+            with self._lock:
+                if self._reading is not None and self._reading[1] is future:
+                    self._reading = None
+                if future.cancelled() or future.exception() is not None or now < self._read_at:
+                    return  # the waiting requests get the error
+                table = future.result()
+                self._table, self._read_at = table, now
+                self._ids = frozenset(r.deployment_id for rs in table.values() for r in rs)
+
+        reading.add_done_callback(done)
+        return reading
+
+    async def allowed(self, grant: KeyGrant) -> list[Route]:
+        """The enabled deployments ``grant`` may use, by served name then id."""
+        table = await self.table(grant)
+        return [
+            route
+            for name in sorted(table)
+            for route in table[name]
+            if route.enabled and grant.may_use(route.deployment_id, route.model_name)
+        ]
+
+    async def choose(self, grant: KeyGrant, model: str, exclude: Collection[int] = ()) -> Route:
+        """A deployment of ``model`` for ``grant``: 404 ``model_not_found`` when no
+        deployment serves that name, 403 when none is the key's, 503
+        ``engine_unavailable`` when the key's are disabled, on unhealthy or cordoned
+        nodes or ``exclude``d (tried already). Among several routable deployments the
+        ``balancer`` picks the one with the fewest requests in flight, not cooling."""
+        routes = (await self.table(grant)).get(model)
+        if not routes:
+            raise model_not_found(model)
+        mine = [r for r in routes if grant.may_use(r.deployment_id, r.model_name)]
+        if not mine:
+            raise forbidden(f"This API key may not use the model {model!r}.", "model_not_allowed")
+        route = self.balancer.pick([r for r in mine if r.routable], exclude)
+        if route is None:
+            raise engine_unavailable(f"No deployment of {model!r} is serving right now.")
+        return route
+
+
+routes = RouteTable()

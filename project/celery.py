@@ -1,0 +1,35 @@
+"""The Celery application. Without REDIS_URL tasks run in-process (eagerly).
+
+Benchmark runs go to the ``benchmarks`` queue (``CELERY_TASK_ROUTES``), everything else
+(node polls and reconciles, beat's entries) to the default one, so that a long load test
+never holds up a poll: production runs a worker for each (docker-compose.yml).
+
+Beat's schedule lives in the database (django-celery-beat); the entries below are
+written there when beat starts, and an operator can change their interval in the admin.
+"""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "shunter.project.settings")
+
+app = Celery("shunter")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.conf.beat_schedule = {
+    # Engine health, state (for the console) and restart detection, every few seconds.
+    "shunter-nodes-poll": {
+        "task": "shunter.platform.nodes_poll",
+        "schedule": 5.0,
+        "options": {"expires": 5.0},
+    },
+    # Benchmark runs whose worker stopped end failed instead of blocking their job.
+    "shunter-benchmark-runs-reap": {
+        "task": "shunter.platform.benchmark_runs_reap",
+        "schedule": 60.0,
+        "options": {"expires": 60.0},
+    },
+}
+app.autodiscover_tasks()

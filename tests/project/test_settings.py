@@ -1,0 +1,113 @@
+"""Settings come from the environment; each case loads them in a fresh interpreter."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from shunter.project.settings import database_from_url, env_bool
+from tests.conftest import REPO
+
+PROBE = (
+    "import json, shunter.project.settings as s;"
+    "print(json.dumps({'db': s.DATABASES['default']['ENGINE'],"
+    " 'layer': s.CHANNEL_LAYERS['default']['BACKEND'], 'cache': s.CACHES['default']['BACKEND'],"
+    " 'eager': s.CELERY_TASK_ALWAYS_EAGER, 'broker': s.CELERY_BROKER_URL,"
+    " 'key': s.SECRET_KEY, 'debug': s.DEBUG, 'hsts': s.SECURE_HSTS_SECONDS}))"
+)
+
+
+def load_settings(env: dict[str, str]) -> dict[str, object]:
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    loaded: dict[str, object] = json.loads(result.stdout)
+    return loaded
+
+
+def test_embedded_default_uses_sqlite_in_memory_layer_and_eager_tasks(
+    clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    loaded = load_settings(clean_env)
+    assert loaded["db"] == "django.db.backends.sqlite3"
+    assert loaded["layer"] == "channels.layers.InMemoryChannelLayer"
+    assert loaded["cache"].endswith("LocMemCache")  # type: ignore[union-attr]
+    assert loaded["eager"] is True
+    assert loaded["broker"] == "memory://"
+    # The generated key is kept and reused.
+    key_file = tmp_path / "var" / "secret_key"
+    assert key_file.read_text() == loaded["key"]
+    assert oct(key_file.stat().st_mode & 0o777) == "0o600"
+    assert load_settings(clean_env)["key"] == loaded["key"]
+
+
+def test_redis_url_switches_channels_cache_and_celery(clean_env: dict[str, str]) -> None:
+    env = {
+        **clean_env,
+        "REDIS_URL": "redis://127.0.0.1:6379/3",
+        "DATABASE_URL": "postgres://u:p@db.example:5433/shunter",
+    }
+    loaded = load_settings(env)
+    assert loaded["db"] == "django.db.backends.postgresql"
+    assert loaded["layer"] == "channels_redis.core.RedisChannelLayer"
+    assert loaded["cache"] == "django.core.cache.backends.redis.RedisCache"
+    assert loaded["eager"] is False
+    assert loaded["broker"] == "redis://127.0.0.1:6379/3"
+
+
+def test_production_defaults_turn_on_https_hardening(clean_env: dict[str, str]) -> None:
+    loaded = load_settings({**clean_env, "DEBUG": "0", "SECRET_KEY": "x" * 60})
+    assert loaded["debug"] is False
+    assert loaded["key"] == "x" * 60
+    assert loaded["hsts"] == 31536000
+    assert load_settings({**clean_env, "DEBUG": "1"})["hsts"] == 0
+
+
+def test_database_url_postgres_parts() -> None:
+    db = database_from_url("postgres://alice:s%40cret@10.0.0.5:6543/shunter_prod")
+    assert db["ENGINE"] == "django.db.backends.postgresql"
+    assert (db["USER"], db["PASSWORD"], db["HOST"], db["PORT"], db["NAME"]) == (
+        "alice",
+        "s@cret",
+        "10.0.0.5",
+        "6543",
+        "shunter_prod",
+    )
+
+
+def test_database_url_sqlite_absolute_and_relative() -> None:
+    assert database_from_url("sqlite:////srv/db.sqlite3")["NAME"] == "/srv/db.sqlite3"
+    assert database_from_url("sqlite:///var/db.sqlite3")["NAME"] == "var/db.sqlite3"
+
+
+@pytest.mark.parametrize("url", ["mysql://h/db", "postgres://h/", "sqlite://"])
+def test_database_url_rejects_what_it_cannot_serve(url: str) -> None:
+    with pytest.raises(ImproperlyConfigured):
+        database_from_url(url)
+
+
+def test_env_bool_rejects_garbage(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHUNTER_FLAG", "maybe")
+    with pytest.raises(ImproperlyConfigured, match="SHUNTER_FLAG"):
+        env_bool("SHUNTER_FLAG", False)
+    monkeypatch.setenv("SHUNTER_FLAG", "off")
+    assert env_bool("SHUNTER_FLAG", True) is False
+
+
+def test_database_connections_give_up_after_a_connect_timeout() -> None:
+    assert database_from_url("postgres://db/shunter")["OPTIONS"] == {"connect_timeout": 3}
+    db = database_from_url("postgres://db/shunter?connect_timeout=10")
+    assert db["OPTIONS"] == {"connect_timeout": 10}
+    with pytest.raises(ImproperlyConfigured, match="connect_timeout"):
+        database_from_url("postgres://db/shunter?connect_timeout=0")
