@@ -59,7 +59,7 @@ def check_simulator(config: Any) -> str | None:
     """The problem with a ``simulator`` setting, or None. Either a sweep ``{"model",
     "hardware", "policies"}`` or a scenario ``{"scenario", "sharing", "variants",
     "hardware", "window_s"}`` (all but ``model`` / ``scenario`` optional)."""
-    from shunter.engine.sim.catalog import get_model
+    from shunter.engine.catalog import get_model
     from shunter.engine.sim.hardware import PROFILES
     from shunter.engine.sim.scenario import SHARING, VARIANTS, get_scenario
 

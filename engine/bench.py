@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from shunter.engine.benchfigure import BenchFigure, ReportItem
+from shunter.engine.catalog import CATALOG
 from shunter.engine.config import (
     EngineConfig,
     RemapConfig,
@@ -40,7 +41,6 @@ from shunter.engine.core import EngineCore, StepStats
 from shunter.engine.interfaces import Clock, Executor, Transfers
 from shunter.engine.plan import StepPlan, StepResult
 from shunter.engine.request import Request
-from shunter.engine.sim.catalog import CATALOG
 from shunter.engine.sim.cost import CopyCostModel
 from shunter.engine.sim.hardware import gh200
 from shunter.engine.sim.runner import SimConfig

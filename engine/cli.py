@@ -292,7 +292,7 @@ def cmd_bench_isolation(ns: argparse.Namespace) -> int:
 
 
 def _add_model_commands(sub: argparse._SubParsersAction[Any]) -> None:
-    from shunter.engine.exec.presets import DEFAULT_SHARD_BYTES, PRESETS  # no torch
+    from shunter.engine.catalog import DEFAULT_SHARD_BYTES, PRESETS  # no torch
 
     model = sub.add_parser("model", help="model directories in Hugging Face format")
     actions = model.add_subparsers(dest="model_command", metavar="ACTION", required=True)

@@ -22,9 +22,9 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from shunter.engine.catalog import DEFAULT_SHARD_BYTES, PRESETS
 from shunter.engine.exec.hf_config import ArchConfig
 from shunter.engine.exec.loader import TORCH_DTYPES
-from shunter.engine.exec.presets import DEFAULT_SHARD_BYTES, PRESETS
 from shunter.engine.exec.tokenizer_init import write_tokenizer
 
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shunter.engine.catalog import get_model
 from shunter.engine.config import ModelSpec
-from shunter.engine.sim.catalog import get_model
 from shunter.engine.sim.mix import ModelLoad, OnOff
 from shunter.engine.sim.workload import LengthSampler, sharegpt_like
 

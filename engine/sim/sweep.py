@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from shunter.engine.catalog import get_model
 from shunter.engine.config import RotationConfig, SchedulerConfig, SloSpec
 from shunter.engine.sim import report
 from shunter.engine.sim.baselines import get_baseline
-from shunter.engine.sim.catalog import get_model
 from shunter.engine.sim.hardware import get_profile
 from shunter.engine.sim.metrics import summarize
 from shunter.engine.sim.runner import SimConfig, simulate

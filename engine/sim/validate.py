@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shunter.engine.catalog import get_model
 from shunter.engine.config import ModelSpec
-from shunter.engine.sim.catalog import get_model
 from shunter.engine.sim.cost import CopyBatch, CopyCostModel, SeqWork, StepCostModel
 from shunter.engine.sim.hardware import GB, HardwareProfile, KiB, MiB, get_profile
 from shunter.engine.sim.report import LABEL
@@ -78,7 +78,7 @@ class Check:
 
 # --- settings ----------------------------------------------------------------------------
 
-# small-llama (engine/exec/presets.py): fp32, 12 layers, 768 wide.
+# small-llama (engine/catalog.py): fp32, 12 layers, 768 wide.
 SMALL_LLAMA = ModelSpec(
     name="small-llama",
     num_layers=12,

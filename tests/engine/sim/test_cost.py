@@ -2,7 +2,7 @@ import dataclasses
 
 import pytest
 
-from shunter.engine.sim.catalog import get_model
+from shunter.engine.catalog import get_model
 from shunter.engine.sim.cost import CopyBatch, CopyCostModel, SeqWork, StepCostModel
 from shunter.engine.sim.hardware import GB, MiB, gh200, h100, h200
 

@@ -1,7 +1,7 @@
 import pytest
 
+from shunter.engine.catalog import get_model
 from shunter.engine.plan import BatchEntry, BlockCopies, BlockMove, LayerLoad, SlotStream, StepPlan
-from shunter.engine.sim.catalog import get_model
 from shunter.engine.sim.clock import VirtualClock
 from shunter.engine.sim.cost import CopyBatch, CopyCostModel, SeqWork, StepCostModel
 from shunter.engine.sim.executor import SimulatedExecutor

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from shunter.engine.catalog import get_model
 from shunter.engine.config import RemapConfig, SchedulerConfig, SloSpec, TenantSpec
-from shunter.engine.sim.catalog import get_model
 from shunter.engine.sim.hardware import GB, gh200
 from shunter.engine.sim.runner import SimConfig, simulate
 from shunter.engine.sim.scenario_sweep import ScenarioSpec

@@ -4,8 +4,8 @@ import random
 
 import pytest
 
+from shunter.engine.catalog import get_model
 from shunter.engine.config import RotationConfig, SchedulerConfig, SloSpec
-from shunter.engine.sim.catalog import get_model
 from shunter.engine.sim.cost import CopyCostModel
 from shunter.engine.sim.hardware import GB, gh200
 from shunter.engine.sim.metrics import summarize

@@ -1,9 +1,10 @@
 import pytest
 
-from shunter.engine.sim.catalog import CATALOG, get_model
+from shunter.engine.catalog import CATALOG, PRESETS, PUBLISHED, get_model
+from shunter.engine.exec.hf_config import ArchConfig
 
 # Published parameter counts (model cards / papers), in billions.
-PUBLISHED = {
+SIZES = {
     "llama-3-8b": 8.03,
     "llama-2-13b": 13.0,
     "mistral-7b": 7.24,
@@ -16,13 +17,14 @@ PUBLISHED = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(PUBLISHED))
+@pytest.mark.parametrize("name", sorted(SIZES))
 def test_param_count_matches_published_size(name: str) -> None:
     spec = get_model(name)
-    assert spec.num_params / 1e9 == pytest.approx(PUBLISHED[name], rel=0.03)
+    assert spec.num_params / 1e9 == pytest.approx(SIZES[name], rel=0.03)
 
 
 def test_catalog_covers_the_published_list() -> None:
+    assert set(SIZES) == set(PUBLISHED)
     assert set(PUBLISHED) <= set(CATALOG)
 
 
@@ -43,3 +45,11 @@ def test_qwen_32b_block_is_4_mib_at_16_tokens() -> None:
 def test_unknown_model_names_the_choices() -> None:
     with pytest.raises(ValueError, match="llama-3-8b"):
         get_model("gpt-5")
+
+
+def test_presets_are_the_configs_the_executor_builds() -> None:
+    for name, config in PRESETS.items():
+        ArchConfig.from_hf(config)  # raises for a family the executor lacks
+        assert CATALOG[name].name == name
+    assert {"mixtral-8x7b", "opt-6.7b"}.isdisjoint(PRESETS)
+    assert {"tiny-llama", "small-llama", "llama-3-8b", "qwen2.5-32b"} <= set(PRESETS)
