@@ -9,12 +9,11 @@ simulator's ``estimate_tokens``).
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,8 @@ from shunter.engine.sim.workload import (
     MAX_TOTAL_TOKENS,
     MIN_TOKENS,
     estimate_tokens,
+    sharegpt_exchanges,
+    sharegpt_like,
 )
 
 TokenCounter = Callable[[str], int]
@@ -219,52 +220,24 @@ class TraceWorkload(Workload):
 
 # --- ShareGPT ---------------------------------------------------------------------------
 
-_HUMAN = ("human", "user")
-
 
 def load_sharegpt(path: str | Path, count: TokenCounter | None = None) -> SampledWorkload:
-    """Requests from a ShareGPT-format JSON file.
-
-    The file is a list of ``{"conversations": [{"from": "human"|"gpt", "value": str},
-    ...]}``. Each conversation gives one request: its first human turn is the prompt and
-    the reply that follows it sets the output length, as ``vllm bench serve`` does.
-    Conversations without such a pair, or outside vLLM's length filter (prompt and reply
-    >= 4 tokens, prompt <= 1024, both <= 2048), are skipped; a malformed entry is an error
+    """Requests from a ShareGPT-format JSON file (``sharegpt_exchanges``): each
+    conversation's first exchange gives one request, its reply setting the output length,
+    as ``vllm bench serve`` does. Exchanges outside vLLM's length filter (prompt and reply
+    >= 4 tokens, prompt <= 1024, both <= 2048) are skipped; a malformed entry is an error
     naming it. ``count`` counts tokens (the target's tokenizer); without it lengths are
     estimated at four characters per token.
     """
     count = count or estimate_tokens
-    data = _read_json(path)
-    if not isinstance(data, list):
-        raise WorkloadError(
-            f"{path}: a ShareGPT file is a JSON list of conversations, not {type(data).__name__}"
-        )
+    try:
+        exchanges = sharegpt_exchanges(path)
+    except ValueError as exc:
+        raise WorkloadError(str(exc)) from None
     specs = []
-    for i, item in enumerate(data):
-        turns = item.get("conversations") if isinstance(item, dict) else None
-        if not isinstance(turns, list):
-            raise WorkloadError(
-                f"{path}: entry {i}: expected an object with a 'conversations' list"
-            )
-        for j, turn in enumerate(turns):
-            if not (
-                isinstance(turn, dict)
-                and isinstance(turn.get("from"), str)
-                and isinstance(turn.get("value"), str)
-            ):
-                raise WorkloadError(
-                    f"{path}: entry {i}, turn {j}: expected {{'from': str, 'value': str}}"
-                )
-        pair = _first_exchange(turns)
-        if pair is None:
-            continue
-        prompt, reply = pair
+    for prompt, reply in exchanges:
         input_len, output_len = count(prompt), count(reply)
-        if (
-            MIN_TOKENS <= input_len <= MAX_PROMPT_TOKENS
-            and output_len >= MIN_TOKENS
-            and input_len + output_len <= MAX_TOTAL_TOKENS
-        ):
+        if sharegpt_like.keeps(input_len, output_len):
             specs.append(RequestSpec(prompt, input_len, output_len))
     if not specs:
         raise WorkloadError(
@@ -272,24 +245,6 @@ def load_sharegpt(path: str | Path, count: TokenCounter | None = None) -> Sample
             f"{MIN_TOKENS}..{MAX_PROMPT_TOKENS} prompt and {MAX_TOTAL_TOKENS} total tokens"
         )
     return SampledWorkload(tuple(specs), f"sharegpt:{Path(path).name}")
-
-
-def _first_exchange(turns: Sequence[dict[str, str]]) -> tuple[str, str] | None:
-    for turn, reply in itertools.pairwise(turns):
-        if turn["from"] in _HUMAN:
-            return (turn["value"], reply["value"]) if reply["from"] not in _HUMAN else None
-    return None
-
-
-def _read_json(path: str | Path) -> Any:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise WorkloadError(f"{path}: cannot read: {exc}") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise WorkloadError(f"{path}: not valid JSON: {exc}") from None
 
 
 # --- JSONL traces -----------------------------------------------------------------------

@@ -9,6 +9,7 @@ pure function of its arguments.
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import math
 import random
@@ -380,28 +381,67 @@ def estimate_tokens(text: str) -> int:
 def load_sharegpt(
     path: str | Path, count_tokens: Callable[[str], int] = estimate_tokens
 ) -> list[tuple[int, int]]:
-    """``(prompt, output)`` token counts from a ShareGPT-format JSON file.
+    """``(prompt, output)`` token counts of a ShareGPT-format file's first exchanges
+    (``sharegpt_exchanges``), as SuperInfer and vLLM's benchmark take them; pairs outside
+    vLLM's length filter are skipped. ``count_tokens`` counts a text's tokens (pass a
+    tokenizer's; the default estimates)."""
+    pairs = []
+    for prompt_text, reply_text in sharegpt_exchanges(path):
+        prompt, output = count_tokens(prompt_text), count_tokens(reply_text)
+        if sharegpt_like.keeps(prompt, output):
+            pairs.append((prompt, output))
+    return pairs
+
+
+# The roles a ShareGPT turn of the user has, in the original dump and in later copies.
+SHAREGPT_HUMAN = ("human", "user")
+
+
+def sharegpt_exchanges(path: str | Path) -> list[tuple[str, str]]:
+    """The first exchange of each conversation of a ShareGPT-format JSON file.
 
     The file is a list of ``{"conversations": [{"from": "human"|"gpt", "value": str},
-    ...]}``. Each conversation gives one pair: its first human turn is the prompt and the
-    reply that follows it the output, as SuperInfer and vLLM's benchmark do; conversations
-    without such a pair, or outside vLLM's length filter, are skipped. ``count_tokens``
-    counts a text's tokens (pass a tokenizer's; the default estimates).
+    ...]}``. A conversation's first human turn is the prompt and the turn after it, if
+    not another human one, the reply; conversations without such a pair give none.
+    ValueError for a file that cannot be read or parsed, or an entry of another shape
+    (naming it).
     """
-    data: list[dict[str, Any]] = json.loads(Path(path).read_text())
-    pairs: list[tuple[int, int]] = []
-    for item in data:
-        turns = item.get("conversations") or []
-        for i, turn in enumerate(turns[:-1]):
-            if turn.get("from") == "human":
-                reply = turns[i + 1]
-                if reply.get("from") != "human":
-                    prompt = count_tokens(str(turn.get("value", "")))
-                    output = count_tokens(str(reply.get("value", "")))
-                    if sharegpt_like.keeps(prompt, output):
-                        pairs.append((prompt, output))
+    data = _read_json(path)
+    if not isinstance(data, list):
+        raise ValueError(
+            f"{path}: a ShareGPT file is a JSON list of conversations, not {type(data).__name__}"
+        )
+    exchanges = []
+    for i, item in enumerate(data):
+        turns = item.get("conversations") if isinstance(item, dict) else None
+        if not isinstance(turns, list):
+            raise ValueError(f"{path}: entry {i}: expected an object with a 'conversations' list")
+        for j, turn in enumerate(turns):
+            if not (
+                isinstance(turn, dict)
+                and isinstance(turn.get("from"), str)
+                and isinstance(turn.get("value"), str)
+            ):
+                raise ValueError(
+                    f"{path}: entry {i}, turn {j}: expected {{'from': str, 'value': str}}"
+                )
+        for turn, reply in itertools.pairwise(turns):
+            if turn["from"] in SHAREGPT_HUMAN:
+                if reply["from"] not in SHAREGPT_HUMAN:
+                    exchanges.append((turn["value"], reply["value"]))
                 break
-    return pairs
+    return exchanges
+
+
+def _read_json(path: str | Path) -> Any:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read: {exc}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON: {exc}") from None
 
 
 def build_workload(
