@@ -9,6 +9,7 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from shunter.engine import latency
 from shunter.engine.config import SloSpec
 
 
@@ -119,14 +120,12 @@ class Request:
 
     @property
     def ttft(self) -> float | None:
-        return None if self.t_first_token is None else self.t_first_token - self.t_arr
+        return latency.ttft(self.t_arr, self.t_first_token)
 
     @property
     def tpot(self) -> float | None:
         """(e2e - TTFT) / (output tokens - 1); ``None`` with fewer than two tokens."""
-        if self.t_first_token is None or self.t_last is None or self.num_output_tokens < 2:
-            return None
-        return (self.t_last - self.t_first_token) / (self.num_output_tokens - 1)
+        return latency.tpot(self.t_first_token, self.t_last, self.num_output_tokens)
 
 
 def vlts(requests: Iterable[Request], now: float, *, paused: bool = False) -> list[float]:

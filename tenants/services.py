@@ -17,6 +17,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from shunter.engine import latency
 from shunter.platform.models import Deployment, Model, SloClass
 from shunter.tenants.keys import new_secret, secret_digest, secret_prefix
 from shunter.tenants.models import ApiKey, RequestRecord, Tenant, UsageRollup
@@ -259,12 +260,11 @@ def slo_flags(
     has an unknown TBT: None, which no count takes as met."""
     if status != RequestRecord.Status.OK or slo is None:
         return False, False
-    ttft_met = ttft_ms is not None and ttft_ms <= slo.ttft_ms
-    if completion_tokens <= 1:
-        return ttft_met, True
-    if tpot_ms is None:
-        return ttft_met, None
-    return ttft_met, tpot_ms <= slo.tbt_ms
+    ttft = latency.ttft_met(success=True, ttft_s=ttft_ms, target_s=slo.ttft_ms)
+    tbt = latency.tbt_met(
+        success=True, tokens=completion_tokens, tpot_s=tpot_ms, target_s=slo.tbt_ms
+    )
+    return ttft, tbt
 
 
 @transaction.atomic

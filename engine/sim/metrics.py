@@ -19,6 +19,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from shunter.engine import latency
+
 
 @dataclass(frozen=True)
 class RequestRecord:
@@ -58,18 +60,12 @@ class RequestRecord:
 
 def ttft(record: RequestRecord) -> float | None:
     """Seconds from arrival to the first token; None if no token came."""
-    if record.t_first_token is None:
-        return None
-    return record.t_first_token - record.t_arrival
+    return latency.ttft(record.t_arrival, record.t_first_token)
 
 
 def tpot(record: RequestRecord) -> float | None:
     """Mean seconds per output token after the first; None below two tokens."""
-    if record.t_first_token is None or record.t_last_token is None:
-        return None
-    if record.num_output_tokens < 2:
-        return None
-    return (record.t_last_token - record.t_first_token) / (record.num_output_tokens - 1)
+    return latency.tpot(record.t_first_token, record.t_last_token, record.num_output_tokens)
 
 
 def e2e(record: RequestRecord) -> float | None:
@@ -86,15 +82,19 @@ def itls(record: RequestRecord) -> list[float]:
 
 
 def meets_ttft(record: RequestRecord, ttft_slo_s: float) -> bool:
-    value = ttft(record)
-    return record.success and value is not None and value <= ttft_slo_s
+    return latency.ttft_met(success=record.success, ttft_s=ttft(record), target_s=ttft_slo_s)
 
 
 def meets_tbt(record: RequestRecord, tbt_slo_s: float) -> bool:
-    if not record.success or record.t_first_token is None:
-        return False
-    value = tpot(record)
-    return value is None or value <= tbt_slo_s
+    """A simulated request that ran has all its token times, so its outcome is known."""
+    tokens = record.num_output_tokens if record.t_first_token is not None else 0
+    met = latency.tbt_met(
+        success=record.success and tokens > 0,
+        tokens=tokens,
+        tpot_s=tpot(record),
+        target_s=tbt_slo_s,
+    )
+    return bool(met)
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
