@@ -10,6 +10,7 @@ never a traceback.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import logging
 import time
@@ -166,13 +167,15 @@ async def admin_state(request: web.Request) -> web.Response:
     loop = state.loop
     published = loop.snapshot
     age = published.age_s()
-    snapshot = with_config(published.state, state.models)
-    snapshot["t_snapshot"] = time.time() - age
-    snapshot["snapshot_age_s"] = age
-    snapshot["stalled"] = loop.stalled
-    snapshot["draining"] = state.draining
-    snapshot["reconciling"] = state.reconcile_lock.locked()
-    return web.json_response(snapshot)
+    snapshot = dataclasses.replace(
+        with_config(published.state, state.models),
+        t_snapshot=time.time() - age,
+        snapshot_age_s=age,
+        stalled=loop.stalled,
+        draining=state.draining,
+        reconciling=state.reconcile_lock.locked(),
+    )
+    return web.json_response(snapshot.to_json())
 
 
 async def admin_drain(request: web.Request) -> web.Response:

@@ -13,7 +13,7 @@ from shunter.engine.server.metrics import ServerMetrics
 from shunter.engine.server.models import ModelArg
 from shunter.engine.server.serve import engine_config
 from shunter.engine.server.settings import EngineSettings
-from shunter.engine.server.state import engine_facts
+from shunter.engine.server.state import state_of
 
 
 def test_pages_by_owner_add_up_and_list_free_pages_even_when_none_is_left(
@@ -25,12 +25,12 @@ def test_pages_by_owner_add_up_and_list_free_pages_even_when_none_is_left(
     )
     loop = EngineLoop(engine, ServerMetrics(["llama"]))
     arena = engine.core.memory.arena
-    pages = engine_facts(loop)["arena"]["pages_by_owner"]
+    pages = state_of(loop).arena.pages_by_owner
     assert pages["free"] == arena.num_free_pages > 0
     assert sum(pages.values()) == arena.num_pages
     assert pages["weights:llama"] > 0
     # Every page taken (a burst filled the KV cache): free pages are still listed, as 0.
     free = [p for p in range(arena.num_pages) if arena.owner(p) is FREE]
     arena.convert(free, FREE, PageOwner.kv("llama"))
-    pages = engine_facts(loop)["arena"]["pages_by_owner"]
+    pages = state_of(loop).arena.pages_by_owner
     assert pages["free"] == 0 and sum(pages.values()) == arena.num_pages
