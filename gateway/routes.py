@@ -19,6 +19,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
+from shunter.engine.api.state import EngineState
 from shunter.gateway.balancer import Balancer
 from shunter.gateway.errors import engine_unavailable, model_not_found
 from shunter.platform.models import ROUTABLE_STATUSES, ROUTES_CACHE_S
@@ -80,15 +81,10 @@ def load_routes() -> dict[str, list[Route]]:
 def engine_load(state: Any, model: str) -> tuple[int, float]:
     """``model``'s requests waiting and running, and its KV usage, as an engine's
     ``/admin/state`` reported them; zeros for what it did not report."""
-    info = state.get("models", {}).get(model) if isinstance(state, dict) else None
-    if not isinstance(info, dict):
+    info = EngineState.parse(state).models.get(model)
+    if info is None:
         return (0, 0.0)
-    requests = info.get("requests")
-    queued = 0
-    if isinstance(requests, dict):
-        queued = sum(n for k in ("waiting", "running") if isinstance(n := requests.get(k), int))
-    usage = info.get("kv_usage")
-    return (queued, float(usage) if isinstance(usage, int | float) else 0.0)
+    return (info.requests.waiting + info.requests.running, info.kv_usage)
 
 
 class RouteTable:
