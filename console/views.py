@@ -26,6 +26,7 @@ from shunter.console import display, figures, selectors
 from shunter.console.forms import ApiKeyCreateForm, DeploymentEditForm, add_service_errors
 from shunter.platform.login_throttle import ThrottledLoginView
 from shunter.platform.models import Deployment, SloClass
+from shunter.platform.selectors import deployment_list
 from shunter.platform.services import deployment_update, node_fit
 from shunter.tenants.models import ApiKey, Tenant
 from shunter.tenants.selectors import slo_by_node, tenant_deployments
@@ -73,7 +74,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         {
             "rows": rows,
             "windows": selectors.WINDOWS_MIN,
-            "nodes": selectors.node_list(),
+            "nodes": selectors.node_list_without_state(),
             "figures": selectors.overview_figures(data),
             "snapshot": data,
         },
@@ -206,7 +207,7 @@ def _deployments_page(
     status: int = 200,
 ) -> HttpResponse:
     slo_classes = list(SloClass.objects.all())
-    deployments = selectors.deployment_list()
+    deployments = list(deployment_list())
     by_node: dict[int, list[Deployment]] = {}
     for d in deployments:
         by_node.setdefault(d.node_id, []).append(d)

@@ -1,0 +1,112 @@
+"""Nodes as the console shows them: each node's view (its page and live updates), built
+from its cached engine state, and the list of nodes without that state."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, TypedDict
+
+from shunter.console import figures
+from shunter.console.memory_map import as_dict, memory_map, state_models
+from shunter.platform.models import Node
+from shunter.platform.selectors import node_list
+
+RECENT_STEPS = 64
+
+
+class NodeView(TypedDict):
+    id: int
+    name: str
+    status: str
+    rotation: str  # "in rotation", or why it is cordoned
+    last_seen: str | None
+    state_at: float | None
+    error: str
+    has_state: bool
+    turn_holder: str | None
+    turn_switches: int
+    models: list[dict[str, Any]]
+    counters: dict[str, int]
+    steps: list[list[float]]
+    memory_figure: figures.Figure
+    requests_figure: figures.Figure
+    rates: dict[str, float] | None
+
+
+def _host_weight_bytes(node: Node) -> dict[str, int]:
+    return {d.model.name: d.model.param_bytes for d in node.deployments.all()}
+
+
+def node_view(node: Node) -> NodeView:
+    """What the node page shows, from the node's cached engine state (no query when its
+    deployments and their models are prefetched). ``rates`` stays None here: they need
+    two states (``deltas.with_rates``)."""
+    state = as_dict(node.state)
+    models_state = as_dict(state.get("models"))
+    names = state_models(state)
+    mem = memory_map(state, _host_weight_bytes(node))
+    models = []
+    requests: dict[str, dict[str, int]] = {}
+    for name in names:
+        info = as_dict(models_state.get(name))
+        req = as_dict(info.get("requests"))
+        requests[name] = {k: int(req.get(k, 0)) for k in ("running", "waiting", "rotary")}
+        models.append(
+            {
+                "name": name,
+                "sharing": info.get("sharing"),
+                "priority": info.get("priority"),
+                "active": bool(info.get("active")),
+                "kv_blocks_used": info.get("kv_blocks_used"),
+                "kv_blocks_total": info.get("kv_blocks_total"),
+                "remapped_layers": len(info.get("remapped_layers") or []),
+                "weight_bytes_remapped": info.get("weight_bytes_remapped", 0),
+                "host_swap_blocks_used": info.get("host_swap_blocks_used", 0),
+                **requests[name],
+            }
+        )
+    tenancy = as_dict(state.get("tenancy"))
+    transfers = as_dict(state.get("transfers"))
+    steps_raw = as_dict(state.get("steps"))
+    total = int(steps_raw.get("total") or 0)
+    durations = list(steps_raw.get("recent_duration_s") or [])[-RECENT_STEPS:]
+    first = total - len(durations) + 1
+    steps = [[first + i, round(1000 * float(d), 4)] for i, d in enumerate(durations)]
+    return {
+        "id": node.pk,
+        "name": node.name,
+        "status": node.status,
+        "rotation": node.get_cordon_display(),
+        "last_seen": node.last_seen.isoformat() if node.last_seen else None,
+        "state_at": node.state_at.timestamp() if node.state_at else None,
+        "error": node.last_error,
+        "has_state": bool(models_state),
+        "turn_holder": tenancy.get("turn_holder"),
+        "turn_switches": int(tenancy.get("turn_switches") or 0),
+        "models": models,
+        "counters": {
+            "rotations": int(transfers.get("rotations") or 0),
+            "bytes_d2h": int(transfers.get("bytes_d2h") or 0),
+            "bytes_h2d": int(transfers.get("bytes_h2d") or 0),
+            "steps": total,
+        },
+        "steps": steps,
+        "memory_figure": figures.memory_figure(mem, names),
+        "requests_figure": figures.requests_figure(requests),
+        "rates": None,
+    }
+
+
+def node_list_without_state() -> list[Node]:
+    """Every node for a list (name, status, rotation, last contact), without its cached
+    engine state, which can be large. One query."""
+    return list(node_list().defer("state").order_by("name"))
+
+
+def node_views(node_ids: Iterable[int] | None = None) -> dict[str, NodeView]:
+    """The view of every node, or of those in ``node_ids``, by id, in name order. Three
+    queries: the nodes, their deployments, and those deployments' models."""
+    nodes = node_list().prefetch_related("deployments__model").order_by("name")
+    if node_ids is not None:
+        nodes = nodes.filter(pk__in=list(node_ids))
+    return {str(node.pk): node_view(node) for node in nodes}
