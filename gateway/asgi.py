@@ -24,7 +24,8 @@ from django.http.request import split_domain_port, validate_host
 from django.utils.datastructures import CaseInsensitiveMapping
 
 from shunter.gateway.errors import ApiError
-from shunter.gateway.proxy import close_upstream, records
+from shunter.gateway.proxy import close_upstream
+from shunter.gateway.records import records
 from shunter.gateway.replies import GatewayRequest, Reply, error_reply
 from shunter.gateway.views import handle, request_id_of
 

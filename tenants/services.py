@@ -300,7 +300,7 @@ def request_record_create(
     ``record_key`` (the idempotency key; a new one when not given): a record whose key
     is written already fails on the key's unique constraint (IntegrityError), and the
     caller's transaction, which holds the rollup too, adds nothing
-    (``gateway.proxy.write_records`` takes that as written).
+    (``gateway.records.write_records`` takes that as written).
     """
     ttft_met, tbt_met = slo_flags(
         slo=request_slo_class(tenant, deployment),

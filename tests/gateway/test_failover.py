@@ -18,8 +18,8 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from shunter.gateway.proxy import HEALTH_PROBE_S, first_byte_s
 from shunter.gateway.routes import load_routes
+from shunter.gateway.upstream import HEALTH_PROBE_S, first_byte_s
 from shunter.platform import services, tasks
 from shunter.platform.models import ROUTES_CACHE_S, Deployment, Model, Node
 from shunter.tenants.models import RequestRecord

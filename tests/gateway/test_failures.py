@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from shunter.gateway.proxy import CONNECT_TIMEOUT_S
+from shunter.gateway.upstream import CONNECT_TIMEOUT_S
 from tests.conftest import free_port
 from tests.gateway.conftest import (
     DB,

@@ -17,8 +17,7 @@ import pytest
 from django.db.models import Sum
 
 from shunter.engine.api.errors import ApiError
-from shunter.gateway import proxy
-from shunter.gateway.proxy import RecordWriter, replay_records
+from shunter.gateway.records import RecordWriter, replay_records
 from shunter.gateway.replies import error_reply
 from shunter.gateway.routes import RouteTable
 from shunter.gateway.spool import PendingRecord, RecordSpool
@@ -121,7 +120,8 @@ def test_a_batch_whose_commit_fails_is_spooled_and_written_later(
 ) -> None:
     deployment_id, secret = a_key()
     grant = grant_of(secret)
-    monkeypatch.setattr(proxy, "ROW_CACHE_S", 3600.0)  # the deployment's row stays cached
+    # The deployment's row stays cached.
+    monkeypatch.setattr("shunter.gateway.records.ROW_CACHE_S", 3600.0)
     writer = RecordWriter(spool_dir=tmp_path)
     assert writer.add(grant, deployment_id, record_fields("commit-0")).result(timeout=30) is None
     UsageRollup.objects.filter(deployment_id=deployment_id).delete()  # they protect it

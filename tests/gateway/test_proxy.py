@@ -13,7 +13,8 @@ from django.core.exceptions import ValidationError
 from django.db.models import Sum
 from django.utils import timezone
 
-from shunter.gateway.proxy import RecordWriter, slo_header
+from shunter.gateway.proxy import slo_header
+from shunter.gateway.records import RecordWriter
 from shunter.gateway.routes import load_routes
 from shunter.tenants.auth import close_db_connections, load_grant
 from shunter.tenants.models import RequestRecord, UsageRollup
