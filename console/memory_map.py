@@ -1,9 +1,9 @@
 """A node's memory map, read from its engine's ``/admin/state`` snapshot.
 
-Pure functions over the snapshot's JSON (no database): the device arena's pages by owner
-(each model's resident weights, each model's KV slabs, free pages), the weight pages that
-remapping lent to the KV cache, and host memory (each model's full weight copy, the KV
-swap space in use and free).
+Pure functions over the snapshot (``engine.api.state.EngineState``; no database): the
+device arena's pages by owner (each model's resident weights, each model's KV slabs, free
+pages), the weight pages that remapping lent to the KV cache, and host memory (each
+model's full weight copy, the KV swap space in use and free).
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from shunter.engine.api.state import EngineState, ModelState
 
 # Rows of the picture, top to bottom.
 ROW_HBM = "HBM"
@@ -57,33 +59,21 @@ class MemoryMap:
         return [s for s in self.segments if s.row == row]
 
 
-def _int(value: Any) -> int:
-    return int(value) if isinstance(value, int | float) else 0
-
-
-def as_dict(value: Any) -> dict[str, Any]:
-    """``value`` when it is a JSON object, else an empty one (snapshots are untrusted)."""
-    return value if isinstance(value, dict) else {}
-
-
-def state_models(state: Mapping[str, Any]) -> list[str]:
-    """The model names of a snapshot, in its order (empty for a malformed one)."""
-    models = state.get("models")
-    return [str(name) for name in models] if isinstance(models, dict) else []
-
-
-def memory_map(state: Mapping[str, Any], host_weight_bytes: Mapping[str, int]) -> MemoryMap:
-    """The map of one snapshot. ``host_weight_bytes`` gives each model's full weight
-    bytes (the host keeps a copy of every model's weights); a model missing from it
-    counts its resident plus remapped weight bytes."""
-    arena = as_dict(state.get("arena"))
-    page_bytes = _int(arena.get("page_bytes"))
-    owners = as_dict(arena.get("pages_by_owner"))
-    models = as_dict(state.get("models"))
-    names = state_models(state)
+def memory_map(
+    state: EngineState | Mapping[str, Any], host_weight_bytes: Mapping[str, int]
+) -> MemoryMap:
+    """The map of one snapshot (an ``EngineState``, or a body it parses). ``host_weight_bytes``
+    gives each model's full weight bytes (the host keeps a copy of every model's weights);
+    a model missing from it counts its resident plus remapped weight bytes."""
+    snapshot = state if isinstance(state, EngineState) else EngineState.parse(state)
+    arena = snapshot.arena
+    page_bytes = arena.page_bytes
+    owners = arena.pages_by_owner
+    models = snapshot.models
+    names = list(models)
     # Owners the snapshot lists for models it does not describe still take their pages.
     for owner in owners:
-        kind, _, model = str(owner).partition(":")
+        kind, _, model = owner.partition(":")
         if model and model not in names and kind in {"weights", "kv"}:
             names.append(model)
 
@@ -91,37 +81,36 @@ def memory_map(state: Mapping[str, Any], host_weight_bytes: Mapping[str, int]) -
     offset = 0
     for kind in ("weights", "kv"):
         for name in names:
-            size = _int(owners.get(f"{kind}:{name}")) * page_bytes
+            size = arena.owner_bytes(f"{kind}:{name}")
             if size:
                 segments.append(Segment(ROW_HBM, kind, name, offset, size))
                 offset += size
     kv_start = sum(s.bytes for s in segments if s.kind == "weights")
-    free = _int(owners.get("free")) * page_bytes
+    free = arena.owner_bytes("free")
     if free:
         segments.append(Segment(ROW_HBM, "free", None, offset, free))
         offset += free
-    hbm_total = max(_int(arena.get("num_pages")) * page_bytes, offset)
+    hbm_total = max(arena.num_pages * page_bytes, offset)
 
     # Lent pages are KV pages: drawn under the KV region, they say how much of it sits on
     # weight pages that remapping took from each model.
     lent_offset = kv_start
     for name in names:
-        lent = _int(as_dict(models.get(name)).get("weight_bytes_remapped"))
+        lent = models[name].weight_bytes_remapped if name in models else 0
         if lent:
             segments.append(Segment(ROW_LENT, "lent", name, lent_offset, lent))
             lent_offset += lent
 
     host_offset = 0
     for name in names:
-        info = as_dict(models.get(name))
+        info = models.get(name, ModelState())
         size = host_weight_bytes.get(name) or (
-            _int(info.get("weight_bytes_resident")) + _int(info.get("weight_bytes_remapped"))
+            info.weight_bytes_resident + info.weight_bytes_remapped
         )
         if size:
             segments.append(Segment(ROW_HOST, "host_weights", name, host_offset, size))
             host_offset += size
-    swap = as_dict(state.get("host_swap"))
-    swap_used, swap_total = _int(swap.get("bytes_used")), _int(swap.get("bytes_total"))
+    swap_used, swap_total = snapshot.host_swap.bytes_used, snapshot.host_swap.bytes_total
     if swap_used:
         segments.append(Segment(ROW_HOST, "swap", None, host_offset, swap_used))
         host_offset += swap_used

@@ -7,7 +7,8 @@ from collections.abc import Iterable
 from typing import Any, TypedDict
 
 from shunter.console import figures
-from shunter.console.memory_map import as_dict, memory_map, state_models
+from shunter.console.memory_map import memory_map
+from shunter.engine.api.state import EngineState
 from shunter.platform.models import Node
 from shunter.platform.selectors import node_list
 
@@ -41,37 +42,36 @@ def node_view(node: Node) -> NodeView:
     """What the node page shows, from the node's cached engine state (no query when its
     deployments and their models are prefetched). ``rates`` stays None here: they need
     two states (``deltas.with_rates``)."""
-    state = as_dict(node.state)
-    models_state = as_dict(state.get("models"))
-    names = state_models(state)
+    state = EngineState.parse(node.state)
+    names = list(state.models)
     mem = memory_map(state, _host_weight_bytes(node))
     models = []
     requests: dict[str, dict[str, int]] = {}
-    for name in names:
-        info = as_dict(models_state.get(name))
-        req = as_dict(info.get("requests"))
-        requests[name] = {k: int(req.get(k, 0)) for k in ("running", "waiting", "rotary")}
+    for name, info in state.models.items():
+        counts = info.requests
+        requests[name] = {
+            "running": counts.running,
+            "waiting": counts.waiting,
+            "rotary": counts.rotary,
+        }
         models.append(
             {
                 "name": name,
-                "sharing": info.get("sharing"),
-                "priority": info.get("priority"),
-                "active": bool(info.get("active")),
-                "kv_blocks_used": info.get("kv_blocks_used"),
-                "kv_blocks_total": info.get("kv_blocks_total"),
-                "remapped_layers": len(info.get("remapped_layers") or []),
-                "weight_bytes_remapped": info.get("weight_bytes_remapped", 0),
-                "host_swap_blocks_used": info.get("host_swap_blocks_used", 0),
+                "sharing": info.sharing,
+                "priority": info.priority,
+                "active": info.active,
+                "kv_blocks_used": info.kv_blocks_used,
+                "kv_blocks_total": info.kv_blocks_total,
+                "remapped_layers": len(info.remapped_layers),
+                "weight_bytes_remapped": info.weight_bytes_remapped,
+                "host_swap_blocks_used": info.host_swap_blocks_used,
                 **requests[name],
             }
         )
-    tenancy = as_dict(state.get("tenancy"))
-    transfers = as_dict(state.get("transfers"))
-    steps_raw = as_dict(state.get("steps"))
-    total = int(steps_raw.get("total") or 0)
-    durations = list(steps_raw.get("recent_duration_s") or [])[-RECENT_STEPS:]
+    transfers, total = state.transfers, state.steps.total
+    durations = state.steps.recent_duration_s[-RECENT_STEPS:]
     first = total - len(durations) + 1
-    steps = [[first + i, round(1000 * float(d), 4)] for i, d in enumerate(durations)]
+    steps = [[first + i, round(1000 * d, 4)] for i, d in enumerate(durations)]
     return {
         "id": node.pk,
         "name": node.name,
@@ -80,14 +80,14 @@ def node_view(node: Node) -> NodeView:
         "last_seen": node.last_seen.isoformat() if node.last_seen else None,
         "state_at": node.state_at.timestamp() if node.state_at else None,
         "error": node.last_error,
-        "has_state": bool(models_state),
-        "turn_holder": tenancy.get("turn_holder"),
-        "turn_switches": int(tenancy.get("turn_switches") or 0),
+        "has_state": bool(state.models),
+        "turn_holder": state.tenancy.turn_holder,
+        "turn_switches": state.tenancy.turn_switches,
         "models": models,
         "counters": {
-            "rotations": int(transfers.get("rotations") or 0),
-            "bytes_d2h": int(transfers.get("bytes_d2h") or 0),
-            "bytes_h2d": int(transfers.get("bytes_h2d") or 0),
+            "rotations": transfers.rotations,
+            "bytes_d2h": transfers.bytes_d2h,
+            "bytes_h2d": transfers.bytes_h2d,
             "steps": total,
         },
         "steps": steps,

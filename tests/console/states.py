@@ -16,6 +16,9 @@ def engine_like_state() -> dict[str, Any]:
             "llama": {
                 "sharing": "temporal",
                 "priority": 0,
+                "kv_floor": None,
+                "kv_ceiling": None,
+                "max_context": None,
                 "active": True,
                 "kv_blocks_used": 30,
                 "kv_blocks_total": 64,
@@ -29,6 +32,9 @@ def engine_like_state() -> dict[str, Any]:
             "qwen": {
                 "sharing": "spatial",
                 "priority": 1,
+                "kv_floor": 64 * PAGE,
+                "kv_ceiling": None,
+                "max_context": 1024,
                 "active": True,
                 "kv_blocks_used": 80,
                 "kv_blocks_total": 128,
@@ -67,5 +73,11 @@ def engine_like_state() -> dict[str, Any]:
             "total": 500,
             "recent_duration_s": [0.001 + 0.0001 * (i % 5) for i in range(64)],
             "recent_schedule_s": [0.0001] * 64,
+            "token_budget": 256,
         },
+        "t_snapshot": 1_700_000_000.0,
+        "snapshot_age_s": 0.01,
+        "stalled": False,
+        "draining": False,
+        "reconciling": False,
     }
