@@ -325,7 +325,7 @@ def register_model(
 
 def forget_quotas(redis_url: str, tenant: str) -> None:
     """Delete the run's quota counts from Redis (a REDIS_URL given is not flushed)."""
-    from shunter.tenants.quotas import RedisQuotaLimiter
+    from shunter.gateway.quotas import RedisQuotaLimiter
 
     async def forget() -> None:
         limiter = RedisQuotaLimiter(redis_url)

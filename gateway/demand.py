@@ -1,6 +1,6 @@
 """What a generation request asks of the engine, counted from its body before it is
 admitted: its sequences (prompts x ``n``, or ``best_of`` when larger) and an upper
-estimate of its tokens, which the quotas reserve (``tenants.quotas``).
+estimate of its tokens, which the quotas reserve (``gateway.quotas``).
 
 The gateway does not tokenize. A text's tokens are estimated by its UTF-8 byte length,
 which bounds the token count of byte-level BPE tokenizers (every token covers at least

@@ -8,8 +8,8 @@ from __future__ import annotations
 import logging
 
 from shunter.engine.api.errors import ApiError
+from shunter.gateway.auth import KeyGrant
 from shunter.gateway.routes import Route, routes
-from shunter.tenants.auth import KeyGrant
 
 log = logging.getLogger("shunter.gateway")
 

@@ -42,8 +42,11 @@ from shunter.engine.api.errors import ApiError
 from shunter.engine.api.headers import PROMPT_TOKENS_HEADER, SLO_HEADER, TENANT_HEADER
 from shunter.engine.api.timing import TIMING_HEADER, EngineTiming
 from shunter.gateway.accounting import Tally, Timing, token_count
+from shunter.gateway.auth import KeyGrant
+from shunter.gateway.db import await_shared
 from shunter.gateway.errors import engine_unavailable
 from shunter.gateway.failover import Failover
+from shunter.gateway.quotas import Admission, quota_limiter
 from shunter.gateway.records import records
 from shunter.gateway.replies import Reply, error_reply
 from shunter.gateway.routes import Route
@@ -57,8 +60,6 @@ from shunter.gateway.upstream import (
     read_timeout,
     sessions,
 )
-from shunter.tenants.auth import KeyGrant, await_shared
-from shunter.tenants.quotas import Admission, quota_limiter
 
 log = logging.getLogger("shunter.gateway")
 

@@ -21,8 +21,9 @@ from typing import Any
 
 from django.conf import settings
 
+from shunter.gateway.auth import KeyGrant
+from shunter.gateway.db import DATABASE_DOWN, submit_db
 from shunter.gateway.spool import PendingRecord, RecordSpool, SpoolReplayer
-from shunter.tenants.auth import DATABASE_DOWN, KeyGrant, submit_db
 
 log = logging.getLogger("shunter.gateway")
 

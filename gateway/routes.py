@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from shunter.engine.api.state import EngineState
+from shunter.gateway.auth import REFRESH_AT, KeyGrant, forbidden
 from shunter.gateway.balancer import Balancer
+from shunter.gateway.db import await_read, submit_db
 from shunter.gateway.errors import engine_unavailable, model_not_found
 from shunter.platform.models import ROUTABLE_STATUSES, ROUTES_CACHE_S
-from shunter.tenants.auth import REFRESH_AT, KeyGrant, await_read, forbidden, submit_db
 
 MIN_READ_S = 0.2
 

@@ -23,8 +23,8 @@ import yarl
 from django.conf import settings
 
 from shunter.engine.api.errors import ApiError
+from shunter.gateway.loop_local import LoopLocal
 from shunter.gateway.routes import Route
-from shunter.tenants.quotas import LoopLocal
 
 T = TypeVar("T")
 

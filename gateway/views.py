@@ -25,9 +25,11 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
 from shunter.engine.api.jsonbody import parse_json
+from shunter.gateway.auth import authenticator
 from shunter.gateway.demand import demand_of
 from shunter.gateway.errors import ApiError, bad_request
 from shunter.gateway.proxy import Exchange
+from shunter.gateway.quotas import QuotaUnavailable, quota_limiter
 from shunter.gateway.replies import (
     GatewayRequest,
     Reply,
@@ -36,8 +38,6 @@ from shunter.gateway.replies import (
     new_id,
 )
 from shunter.gateway.routes import routes
-from shunter.tenants.auth import authenticator
-from shunter.tenants.quotas import QuotaUnavailable, quota_limiter
 
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 STARTED = int(time.time())

@@ -40,7 +40,7 @@ def database_down() -> Iterator[None]:
     listens, until the block ends. Every thread's connections share one settings dict."""
     from django.db import connection
 
-    from shunter.tenants.auth import close_db_connections
+    from shunter.gateway.db import close_db_connections
 
     def close_connections() -> None:
         close_db_connections()

@@ -8,10 +8,10 @@ import uuid
 import pytest
 
 from shunter.benchmarks.targets import benchmark_key_create
+from shunter.gateway.auth import load_grant
 from shunter.gateway.proxy import slo_header
 from shunter.gateway.routes import load_routes
 from shunter.platform.models import BenchmarkJob, BenchmarkRun
-from shunter.tenants.auth import load_grant
 from tests.tenants.factories import make_deployment, slo
 
 pytestmark = pytest.mark.django_db

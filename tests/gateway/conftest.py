@@ -254,7 +254,7 @@ def reset_quotas(tenant: Tenant) -> None:
         return
     import asyncio
 
-    from shunter.tenants.quotas import RedisQuotaLimiter
+    from shunter.gateway.quotas import RedisQuotaLimiter
 
     async def reset() -> None:
         limiter = RedisQuotaLimiter(REDIS_URL)

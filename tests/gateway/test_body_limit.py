@@ -15,8 +15,8 @@ from django.conf import settings
 from django.test import AsyncClient
 
 from shunter.engine.api.jsonbody import MAX_BODY_BYTES
+from shunter.gateway.db import close_db_connections, run_db
 from shunter.gateway.proxy import close_upstream
-from shunter.tenants.auth import close_db_connections, run_db
 from tests.gateway.conftest import DB, HTTPS, Reply, World, bearer, call
 from tests.hostile import body_of_size
 

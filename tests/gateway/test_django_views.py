@@ -11,8 +11,8 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.test import AsyncClient
 
+from shunter.gateway.db import close_db_connections, run_db
 from shunter.gateway.proxy import close_upstream
-from shunter.tenants.auth import close_db_connections, run_db
 from tests.gateway.conftest import DB, World
 
 pytestmark = [pytest.mark.slow, DB]

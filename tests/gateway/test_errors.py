@@ -12,8 +12,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from shunter.gateway.auth import KEY_CACHE_S
 from shunter.platform.models import Deployment
-from shunter.tenants.auth import KEY_CACHE_S
 from shunter.tenants.models import Tenant
 from shunter.tenants.services import api_key_revoke, tenant_update
 from tests.gateway.conftest import (

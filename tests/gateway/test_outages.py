@@ -17,18 +17,19 @@ import pytest
 from django.db.models import Sum
 
 from shunter.engine.api.errors import ApiError
+from shunter.gateway.auth import KeyAuthenticator, KeyGrant
+from shunter.gateway.db import close_db_connections, run_db
 from shunter.gateway.records import RecordWriter, replay_records
 from shunter.gateway.replies import error_reply
 from shunter.gateway.routes import RouteTable
 from shunter.gateway.spool import PendingRecord, RecordSpool
 from shunter.platform.models import Deployment
-from shunter.tenants.auth import KeyAuthenticator, KeyGrant, close_db_connections, run_db
 from shunter.tenants.models import RequestRecord, UsageRollup
 from shunter.tenants.services import api_key_create
 from tests.conftest import database_down
+from tests.gateway.test_auth import Clock
 from tests.gateway.test_proxy import record_fields
 from tests.tenants.factories import make_deployment, make_tenant
-from tests.tenants.test_auth import Clock
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
@@ -87,7 +88,7 @@ async def test_with_the_database_down_the_route_table_serves_until_it_expires() 
 
 
 def grant_of(secret: str) -> KeyGrant:
-    from shunter.tenants.auth import load_grant
+    from shunter.gateway.auth import load_grant
 
     grant = load_grant(secret)
     assert grant is not None

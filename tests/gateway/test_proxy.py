@@ -13,10 +13,11 @@ from django.core.exceptions import ValidationError
 from django.db.models import Sum
 from django.utils import timezone
 
+from shunter.gateway.auth import load_grant
+from shunter.gateway.db import close_db_connections
 from shunter.gateway.proxy import slo_header
 from shunter.gateway.records import RecordWriter
 from shunter.gateway.routes import load_routes
-from shunter.tenants.auth import close_db_connections, load_grant
 from shunter.tenants.models import RequestRecord, UsageRollup
 from shunter.tenants.services import api_key_create, tenant_update
 from tests.tenants.factories import make_deployment, make_tenant, slo

@@ -9,9 +9,10 @@ import threading
 import pytest
 
 from shunter.engine.api.errors import ApiError
+from shunter.gateway.auth import KeyGrant
+from shunter.gateway.db import DB_THREADS, submit_db
+from shunter.gateway.quotas import Limits
 from shunter.gateway.routes import Route, RouteTable, engine_load
-from shunter.tenants.auth import DB_THREADS, KeyGrant, submit_db
-from shunter.tenants.quotas import Limits
 
 
 class Clock:

@@ -12,15 +12,16 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from shunter.engine.api.errors import ApiError
+from shunter.gateway.auth import KeyAuthenticator, KeyGrant
+from shunter.gateway.db import close_db_connections, run_db
 from shunter.gateway.replies import error_reply
 from shunter.gateway.routes import RouteTable
 from shunter.platform import services
 from shunter.platform.models import Deployment, Model, Node
-from shunter.tenants.auth import KeyAuthenticator, KeyGrant, close_db_connections, run_db
 from shunter.tenants.services import api_key_create
 from tests.gateway.conftest import DB, LlamaSetup, Reply, World, wait_record
+from tests.gateway.test_auth import Clock
 from tests.tenants.factories import make_deployment, make_model, make_node, make_tenant
-from tests.tenants.test_auth import Clock
 from tests.waiting import wait_for
 
 pytestmark = DB

@@ -23,12 +23,13 @@ from django.utils import timezone
 
 from shunter.engine.api.timing import TIMING_HEADER
 from shunter.gateway import proxy
+from shunter.gateway.auth import KeyGrant, load_grant
+from shunter.gateway.db import close_db_connections, run_db
 from shunter.gateway.proxy import Exchange, close_upstream
+from shunter.gateway.quotas import Admission, Limits
 from shunter.gateway.replies import Reply
 from shunter.gateway.routes import Route, load_routes
-from shunter.tenants.auth import KeyGrant, close_db_connections, load_grant, run_db
 from shunter.tenants.models import RequestRecord
-from shunter.tenants.quotas import Admission, Limits
 from shunter.tenants.services import api_key_create
 from tests.tenants.factories import make_deployment, make_model, make_tenant
 

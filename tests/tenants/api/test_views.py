@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from shunter.tenants.auth import load_grant
+from shunter.gateway.auth import load_grant
 from shunter.tenants.keys import secret_digest
 from shunter.tenants.models import ApiKey
 from shunter.tenants.services import api_key_create, request_record_create

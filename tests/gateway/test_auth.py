@@ -13,16 +13,8 @@ import pytest
 from django.utils import timezone
 
 from shunter.engine.api.errors import ApiError
-from shunter.tenants.auth import (
-    DB_THREADS,
-    KeyAuthenticator,
-    KeyGrant,
-    bearer_secret,
-    close_db_connections,
-    load_grant,
-    run_db,
-    submit_db,
-)
+from shunter.gateway.auth import KeyAuthenticator, KeyGrant, bearer_secret, load_grant
+from shunter.gateway.db import DB_THREADS, close_db_connections, run_db, submit_db
 from shunter.tenants.keys import secret_digest
 from shunter.tenants.models import ApiKey
 from shunter.tenants.services import api_key_create, api_key_revoke, tenant_update

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 import pytest
 import redis.asyncio
 
-from shunter.tenants.quotas import (
+from shunter.gateway.quotas import (
     Admission,
     InProcessQuotaLimiter,
     LeaseHold,

@@ -28,17 +28,16 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
-from django.db import InterfaceError, OperationalError, close_old_connections, connections
 from django.utils import timezone
 
 from shunter.engine.api.errors import ApiError
+from shunter.gateway.db import await_read, run_db, submit_db
+from shunter.gateway.quotas import Limits
 from shunter.tenants.keys import looks_like_secret, secret_digest, secret_prefix
-from shunter.tenants.quotas import Limits
 
 log = logging.getLogger("shunter.gateway.auth")
 
@@ -46,75 +45,6 @@ KEY_CACHE_S = 3.0
 REFRESH_AT = 0.5  # of the cache bound: a key in use is read again from this age on
 TOUCH_EVERY_S = 60.0
 MAX_CACHED_KEYS = 10_000
-
-T = TypeVar("T")
-
-# Database work of the gateway runs here, off the event loop; a small pool bounds the
-# connections it holds.
-DB_THREADS = 4
-_db_pool = ThreadPoolExecutor(max_workers=DB_THREADS, thread_name_prefix="gateway-db")
-
-
-def submit_db(fn: Callable[[], T]) -> concurrent.futures.Future[T]:
-    """Start ``fn`` (ORM code) in the gateway's database threads; its future can be
-    awaited from any event loop (``asyncio.wrap_future``)."""
-
-    def job() -> T:
-        close_old_connections()  # honour CONN_MAX_AGE and health checks in pool threads
-        return fn()
-
-    return _db_pool.submit(job)
-
-
-async def await_shared(future: concurrent.futures.Future[T]) -> T:
-    """Wait for ``future``, a read that other requests wait for too. Cancelling this
-    waiter (its client left) ends only this wait: the read goes on for the others. A
-    plain ``asyncio.wrap_future`` would cancel the shared future with it, and every other
-    waiter would get ``CancelledError``."""
-    return await asyncio.shield(asyncio.wrap_future(future))
-
-
-# What Django raises when the database cannot be reached or the connection broke.
-DATABASE_DOWN = (OperationalError, InterfaceError)
-
-
-def database_unavailable() -> ApiError:
-    """The refusal of a request that needs the database while it is unreachable."""
-    return ApiError(
-        503,
-        "The service's database is unreachable; try again in a few seconds.",
-        type="service_unavailable",
-        code="database_unavailable",
-    )
-
-
-async def await_read(future: concurrent.futures.Future[T]) -> T:
-    """``await_shared`` for a database read: an unreachable database is the ApiError
-    ``database_unavailable`` (503), not the driver's exception."""
-    try:
-        return await await_shared(future)
-    except DATABASE_DOWN as e:
-        log.warning("database unreachable: %s", e)
-        raise database_unavailable() from None
-
-
-async def run_db(fn: Callable[[], T]) -> T:
-    """Run ``fn`` (ORM code) in the gateway's database threads and await its result."""
-    return await asyncio.wrap_future(submit_db(fn))
-
-
-def close_db_connections() -> None:
-    """Close the database connections the gateway's threads hold (at shutdown, or before
-    a test database is dropped). One job per thread, held at a barrier so that every
-    thread runs one."""
-    barrier = threading.Barrier(DB_THREADS)
-
-    def close() -> None:
-        barrier.wait(timeout=30)
-        connections.close_all()
-
-    for future in [_db_pool.submit(close) for _ in range(DB_THREADS)]:
-        future.result()
 
 
 def invalid_key(message: str) -> ApiError:
