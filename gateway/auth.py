@@ -21,12 +21,10 @@ expire (``ttl_s``), and no longer. The secret never appears in a message or a lo
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import hmac
 import logging
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -35,14 +33,14 @@ from typing import Any
 from django.utils import timezone
 
 from shunter.engine.api.errors import ApiError
-from shunter.gateway.db import await_read, run_db, submit_db
+from shunter.gateway.db import run_db
 from shunter.gateway.quotas import Limits
+from shunter.gateway.ttl_cache import TtlCache
 from shunter.tenants.keys import looks_like_secret, secret_digest, secret_prefix
 
 log = logging.getLogger("shunter.gateway.auth")
 
 KEY_CACHE_S = 3.0
-REFRESH_AT = 0.5  # of the cache bound: a key in use is read again from this age on
 TOUCH_EVERY_S = 60.0
 MAX_CACHED_KEYS = 10_000
 
@@ -162,26 +160,20 @@ class KeyAuthenticator:
         self._clock = clock
         self._wall_clock = wall_clock
         self._lock = threading.Lock()
-        # digest -> (time read, grant or None for an unknown key), oldest first
-        self._cache: OrderedDict[str, tuple[float, KeyGrant | None]] = OrderedDict()
-        # digest -> the read in flight (shared by every request that waits for it)
-        self._reading: dict[str, concurrent.futures.Future[KeyGrant | None]] = {}
+        # digest -> grant, or None for an unknown key (not read ahead: guesses wait)
+        self.cache: TtlCache[str, KeyGrant | None] = TtlCache(
+            ttl_s=ttl_s,
+            max_entries=max_entries,
+            clock=clock,
+            refreshes=lambda grant: grant is not None,
+        )
         self._touched: dict[int, float] = {}
         self._tasks: set[asyncio.Future[Any]] = set()
 
     async def authenticate(self, header: str | None) -> KeyGrant:
         """The grant of the key in ``header``, or the ApiError refusing it."""
         secret = bearer_secret(header)
-        digest = secret_digest(secret)
-        now = self._clock()
-        with self._lock:
-            hit = self._cache.get(digest)
-        if hit is not None and now - hit[0] < self.ttl_s:
-            grant = hit[1]
-            if now - hit[0] >= REFRESH_AT * self.ttl_s and grant is not None:
-                self._read(secret, digest, now)  # in the background
-        else:
-            grant = await await_read(self._read(secret, digest, now))
+        grant = await self.cache.get(secret_digest(secret), lambda: self._load(secret))
         if grant is None:
             raise invalid_key("Incorrect API key provided.")
         try:
@@ -189,39 +181,12 @@ class KeyAuthenticator:
         except ApiError as e:
             log.info("key %s... refused: %s", grant.key_prefix, e.message)
             raise
-        self._maybe_touch(grant.api_key_id, now)
+        self._maybe_touch(grant.api_key_id, self._clock())
         return grant
-
-    def _read(
-        self, secret: str, digest: str, now: float
-    ) -> concurrent.futures.Future[KeyGrant | None]:
-        """The read of ``digest``'s grant in flight, or a new one started at ``now``; it
-        caches its result when it ends."""
-        with self._lock:
-            reading = self._reading.get(digest)
-            if reading is not None:
-                return reading
-            reading = self._reading[digest] = submit_db(lambda: self._load(secret))
-
-        def done(future: concurrent.futures.Future[KeyGrant | None]) -> None:
-            with self._lock:
-                self._reading.pop(digest, None)
-                if future.cancelled() or future.exception() is not None:
-                    return  # the waiting requests get the error; nothing is cached
-                cached = self._cache.get(digest)
-                if cached is None or cached[0] <= now:
-                    self._cache[digest] = (now, future.result())
-                    self._cache.move_to_end(digest)
-                while len(self._cache) > self.max_entries:
-                    self._cache.popitem(last=False)
-
-        reading.add_done_callback(done)
-        return reading
 
     def forget(self) -> None:
         """Drop every cached grant (the next request of each key reads the database)."""
-        with self._lock:
-            self._cache.clear()
+        self.cache.forget()
 
     def _maybe_touch(self, api_key_id: int, now: float) -> None:
         with self._lock:

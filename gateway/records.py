@@ -13,7 +13,6 @@ import concurrent.futures
 import functools
 import logging
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -24,28 +23,20 @@ from django.conf import settings
 from shunter.gateway.auth import KeyGrant
 from shunter.gateway.db import DATABASE_DOWN, submit_db
 from shunter.gateway.spool import PendingRecord, RecordSpool, SpoolReplayer
+from shunter.gateway.ttl_cache import TtlCache
 
 log = logging.getLogger("shunter.gateway")
 
-ROW_CACHE_S = 3.0  # as long as the key cache: a deleted row is noticed as soon
-_rows: dict[tuple[str, int], tuple[float, Any]] = {}
-_rows_lock = threading.Lock()
+# As long as the key cache: a deleted row is noticed as soon as a revoked key is.
+ROW_CACHE_S = 3.0
+# The rows records point at (tenant, key, deployment), by kind and id: every record of a
+# busy key would otherwise read the same three rows again.
+rows: TtlCache[tuple[str, int], Any] = TtlCache(ttl_s=ROW_CACHE_S)
 
 
 def _row(kind: str, pk: int, load: Callable[[], Any]) -> Any:
-    """The row ``kind``/``pk`` as ``load`` reads it, kept ``ROW_CACHE_S`` seconds: every
-    record of a busy key would otherwise read the same three rows again."""
-    now = time.monotonic()
-    with _rows_lock:
-        hit = _rows.get((kind, pk))
-    if hit is not None and now - hit[0] < ROW_CACHE_S:
-        return hit[1]
-    row = load()
-    with _rows_lock:
-        if len(_rows) > 10_000:
-            _rows.clear()
-        _rows[(kind, pk)] = (now, row)
-    return row
+    """The row ``kind``/``pk`` as ``load`` reads it, kept ``ROW_CACHE_S`` seconds."""
+    return rows.get_blocking((kind, pk), load)
 
 
 def write_record(record: PendingRecord) -> None:
@@ -106,8 +97,7 @@ def write_records(batch: list[PendingRecord]) -> list[BaseException | None]:
     except Exception as e:
         # A deferred constraint fails at the commit (a row deleted after it was cached):
         # read the rows again before the next try.
-        with _rows_lock:
-            _rows.clear()
+        rows.forget()
         lost = NotCommitted(f"the batch of {len(batch)} records did not commit: {e!r}")
         lost.__cause__ = e
         errors = [lost] * len(batch)

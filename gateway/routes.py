@@ -12,21 +12,21 @@ requests get a 503 ``database_unavailable``.
 
 from __future__ import annotations
 
-import concurrent.futures
-import threading
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
 from shunter.engine.api.state import EngineState
-from shunter.gateway.auth import REFRESH_AT, KeyGrant, forbidden
+from shunter.gateway.auth import KeyGrant, forbidden
 from shunter.gateway.balancer import Balancer
-from shunter.gateway.db import await_read, submit_db
+from shunter.gateway.db import await_read
 from shunter.gateway.errors import engine_unavailable, model_not_found
+from shunter.gateway.ttl_cache import REFRESH_AT, TtlCache
 from shunter.platform.models import ROUTABLE_STATUSES, ROUTES_CACHE_S
 
 MIN_READ_S = 0.2
+TABLE = "routes"  # the cache's one key
 
 
 @dataclass(frozen=True)
@@ -101,12 +101,9 @@ class RouteTable:
         self.ttl_s = ttl_s
         self._load = load
         self._clock = clock
-        self._lock = threading.Lock()
-        self._table: dict[str, list[Route]] = {}
-        self._ids: frozenset[int] = frozenset()
-        self._read_at = -float("inf")
-        self._reading: tuple[float, concurrent.futures.Future[dict[str, list[Route]]]] | None
-        self._reading = None
+        self._cache: TtlCache[str, dict[str, list[Route]]] = TtlCache(ttl_s=ttl_s, clock=clock)
+        # The deployment ids of the table last looked at, computed once per table.
+        self._ids: tuple[dict[str, list[Route]], frozenset[int]] = ({}, frozenset())
         self.balancer = Balancer(clock=clock)
 
     async def table(self, grant: KeyGrant | None = None) -> dict[str, list[Route]]:
@@ -115,37 +112,27 @@ class RouteTable:
         ``MIN_READ_S``); from ``REFRESH_AT`` of ``ttl_s`` on, read again in the
         background while this one is used."""
         now = self._clock()
-        age = now - self._read_at
-        unknown = grant is not None and not grant.deployment_ids <= self._ids
+        read_at, table = self._cache.entry(TABLE) or (-float("inf"), {})
+        age = now - read_at
+        unknown = grant is not None and not grant.deployment_ids <= self._ids_of(table)
         if age >= self.ttl_s or (unknown and age >= MIN_READ_S):
             # A read started this recently serves as well as a new one would.
             recent = MIN_READ_S if unknown else self.ttl_s
-            await await_read(self._read(now, after=now - recent))
-        elif age >= REFRESH_AT * self.ttl_s:
-            self._read(now, after=self._read_at)
-        return self._table
+            table = await await_read(self._cache.read(TABLE, self._load, now, after=now - recent))
+            newest = self._cache.entry(TABLE)
+            return newest[1] if newest is not None else table
+        if age >= REFRESH_AT * self.ttl_s:
+            self._cache.read(TABLE, self._load, now, after=read_at)
+        return table
 
-    def _read(self, now: float, *, after: float) -> concurrent.futures.Future[Any]:
-        """The read in flight when it started at ``after`` or later, else a new one
-        started at ``now``; the table is replaced when it ends."""
-        with self._lock:
-            if self._reading is not None and self._reading[0] >= after:
-                return self._reading[1]
-            reading = submit_db(self._load)
-            self._reading = (now, reading)
+    def _ids_of(self, table: dict[str, list[Route]]) -> frozenset[int]:
+        if self._ids[0] is not table:
+            self._ids = (table, frozenset(r.deployment_id for rs in table.values() for r in rs))
+        return self._ids[1]
 
-        def done(future: concurrent.futures.Future[dict[str, list[Route]]]) -> None:
-            with self._lock:
-                if self._reading is not None and self._reading[1] is future:
-                    self._reading = None
-                if future.cancelled() or future.exception() is not None or now < self._read_at:
-                    return  # the waiting requests get the error
-                table = future.result()
-                self._table, self._read_at = table, now
-                self._ids = frozenset(r.deployment_id for rs in table.values() for r in rs)
-
-        reading.add_done_callback(done)
-        return reading
+    def reading(self) -> bool:
+        """Whether a read of the table is in flight."""
+        return self._cache.reading()
 
     async def allowed(self, grant: KeyGrant) -> list[Route]:
         """The enabled deployments ``grant`` may use, by served name then id."""

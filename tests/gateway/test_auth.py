@@ -272,7 +272,7 @@ async def test_concurrent_misses_share_one_read_and_a_key_in_use_is_read_again_b
     await run_db(lambda: api_key_revoke(api_key=key))
     gate.set()
     for _ in range(100):  # the held read ends and caches what it saw
-        if not auth._reading:
+        if not auth.cache.reading():
             break
         await asyncio.sleep(0.05)
     # Past the first read's bound, the second read answers: it saw the revocation.

@@ -122,7 +122,7 @@ def test_a_batch_whose_commit_fails_is_spooled_and_written_later(
     deployment_id, secret = a_key()
     grant = grant_of(secret)
     # The deployment's row stays cached.
-    monkeypatch.setattr("shunter.gateway.records.ROW_CACHE_S", 3600.0)
+    monkeypatch.setattr("shunter.gateway.records.rows.ttl_s", 3600.0)
     writer = RecordWriter(spool_dir=tmp_path)
     assert writer.add(grant, deployment_id, record_fields("commit-0")).result(timeout=30) is None
     UsageRollup.objects.filter(deployment_id=deployment_id).delete()  # they protect it

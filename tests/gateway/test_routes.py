@@ -113,7 +113,7 @@ async def test_the_table_is_read_again_in_the_background_and_kept_within_its_bou
     rows.table["m"] = [route(1, status="unhealthy")]
     rows.gate.set()
     for _ in range(100):  # the held read ends and its table is taken
-        if routes._reading is None:
+        if not routes.reading():
             break
         await asyncio.sleep(0.05)
     with pytest.raises(ApiError) as e:  # the background read's table is in use
