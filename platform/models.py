@@ -17,6 +17,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 
 from shunter.common.db import TenantScopedQuerySet
+from shunter.engine.api.deployments import LIMIT_KEYS, ModelEntry, SloEntry
 from shunter.engine.api.headers import slo_to_header
 from shunter.engine.api.tokens import TOKEN_PATTERN, TOKEN_RULE
 from shunter.engine.config import ModelSpec, SloSpec
@@ -87,15 +88,9 @@ class SloClass(models.Model):
         and VLT weights, the floats in general form to 12 digits (``0.5``, ``3``)."""
         return slo_to_header(self.spec())
 
-    def engine_table(self) -> dict[str, float]:
+    def engine_table(self) -> SloEntry:
         """This class as the engine's settings spell it (``slo_classes.<name>``)."""
-        return {
-            "ttft_ms": self.ttft_ms,
-            "tbt_ms": self.tbt_ms,
-            "alpha": self.alpha,
-            "beta_b": self.beta_b,
-            "beta_f": self.beta_f,
-        }
+        return SloEntry(self.ttft_ms, self.tbt_ms, self.alpha, self.beta_b, self.beta_f)
 
 
 # The engine's own rule (``engine.api.tokens``): the token goes in an HTTP header.
@@ -273,26 +268,23 @@ class Deployment(models.Model):
     def engine_entry(self) -> dict[str, Any]:
         """This deployment as a model entry of the engine's ``PUT /admin/deployments``:
         the KV bounds (bytes) and the longest context (tokens) only when they are set."""
-        entry: dict[str, Any] = {
-            "name": self.model.name,
-            "path": self.model.source_dir,
-            "sharing": self.sharing,
-            "priority": self.priority,
-            "slo": self.slo_class.name,
-        }
-        for key, value in self.engine_limits().items():
-            if value is not None:
-                entry[key] = value
-        return entry
+        return self.model_entry().to_json()
+
+    def model_entry(self) -> ModelEntry:
+        return ModelEntry(
+            name=self.model.name,
+            path=self.model.source_dir,
+            sharing=self.sharing,
+            priority=self.priority,
+            slo=self.slo_class.name,
+            **self.engine_limits(),
+        )
 
     def engine_limits(self) -> dict[str, int | None]:
         """The limits as the engine names them (``/admin/state`` reports the same keys,
         null when unset)."""
-        return {
-            "kv_floor": self.kv_floor_bytes,
-            "kv_ceiling": self.kv_ceiling_bytes,
-            "max_context": self.max_context,
-        }
+        values = (self.kv_floor_bytes, self.kv_ceiling_bytes, self.max_context)
+        return dict(zip(LIMIT_KEYS, values, strict=True))
 
 
 # -- benchmark jobs ------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from typing import Any
 
 from aiohttp import web
 
+from shunter.engine.api.deployments import DEPLOYMENT_KEYS
 from shunter.engine.api.errors import ApiError, bad_request
 from shunter.engine.exec.generate_input import GenerateError
 from shunter.engine.exec.serving import model_specs
@@ -50,7 +51,6 @@ from shunter.engine.server.settings import (
 )
 
 log = logging.getLogger("shunter.engine.server")
-DEPLOYMENT_KEYS = {"models", "slo_classes"}
 
 
 async def put_deployments(request: web.Request) -> web.Response:

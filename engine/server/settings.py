@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import argparse
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shunter.engine.api.deployments import MODEL_KEYS, SLO_KEYS
 from shunter.engine.api.protocol import MAX_SEQUENCES
 from shunter.engine.config import CAPACITY_SOURCES, POLICIES, RemapConfig, SloSpec
 from shunter.engine.exec.cli import byte_count
@@ -33,17 +34,6 @@ TOP_KEYS = {
     "slo_classes",
     "models",
 }
-MODEL_KEYS = {
-    "name",
-    "path",
-    "sharing",
-    "priority",
-    "slo",
-    "kv_floor",
-    "kv_ceiling",
-    "max_context",
-}
-SLO_KEYS = {"ttft_ms", "tbt_ms", "alpha", "beta_b", "beta_f"}
 
 
 class SettingsError(Exception):
@@ -152,7 +142,7 @@ def check_model_dirs(settings: EngineSettings) -> None:
                 raise SettingsError(f"model {m.name!r}: {m.path} has no {file}")
 
 
-def _no_unknown(data: dict[str, Any], keys: set[str], where: str) -> None:
+def _no_unknown(data: dict[str, Any], keys: Set[str], where: str) -> None:
     unknown = sorted(set(data) - keys)
     if unknown:
         raise SettingsError(f"{where}: unknown key {unknown[0]!r}; expected {sorted(keys)}")

@@ -12,6 +12,7 @@ the admin and the REST API show them as form errors and 400 responses. A change 
 node should serve enqueues its reconcile after the transaction commits.
 """
 
+from shunter.engine.api.deployments import LIMIT_KEYS
 from shunter.platform.services.admin_users import AdminEnsured, admin_user_ensure
 from shunter.platform.services.catalog import (
     DEPLOYMENT_FIELDS,
@@ -52,7 +53,6 @@ from shunter.platform.services.poll import (
     node_poll,
 )
 from shunter.platform.services.reconcile import (
-    LIMIT_KEYS,
     Reconciled,
     desired_body,
     desired_set,

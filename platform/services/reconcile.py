@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from shunter.engine.api.deployments import LIMIT_KEYS, DeploymentsBody
 from shunter.platform import selectors
 from shunter.platform.engine_client import EngineClient, EngineError
 from shunter.platform.models import Deployment, Node
@@ -15,7 +16,6 @@ from shunter.platform.models import Deployment, Node
 log = logging.getLogger("shunter.platform")
 
 # The deployment limits an engine reports per model (Deployment.engine_limits' keys).
-LIMIT_KEYS = ("kv_floor", "kv_ceiling", "max_context")
 
 
 def engine_client(node: Node, *, timeout_s: float | None = None) -> EngineClient:
@@ -35,10 +35,10 @@ def node_set(node: Node, **fields: Any) -> None:
 def desired_body(deployments: Sequence[Deployment]) -> dict[str, Any]:
     """The ``PUT /admin/deployments`` body serving ``deployments``: models with their
     sharing mode, priority and SLO class, and the SLO classes they name."""
-    return {
-        "models": [d.engine_entry() for d in deployments],
-        "slo_classes": {d.slo_class.name: d.slo_class.engine_table() for d in deployments},
-    }
+    return DeploymentsBody(
+        models=[d.model_entry() for d in deployments],
+        slo_classes={d.slo_class.name: d.slo_class.engine_table() for d in deployments},
+    ).to_json()
 
 
 @dataclass(frozen=True)

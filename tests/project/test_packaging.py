@@ -207,7 +207,16 @@ def test_nothing_outside_the_engine_imports_the_engine_server() -> None:
 def test_the_wire_format_imports_no_torch_aiohttp_or_django() -> None:
     # What the gateway shares with the engine loads in a process that has none of them.
     modules = ", ".join(
-        f"shunter.engine.api.{m}" for m in ("errors", "headers", "jsonbody", "protocol", "timing")
+        f"shunter.engine.api.{m}"
+        for m in (
+            "deployments",
+            "errors",
+            "headers",
+            "jsonbody",
+            "protocol",
+            "state",
+            "timing",
+        )
     )
     out = run_python(
         f"import sys, {modules}; print(sorted(m for m in ('torch', 'aiohttp', 'django') "
