@@ -9,22 +9,22 @@ simulator's ``estimate_tokens``).
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from shunter.engine.sim.workload import (
     MAX_PROMPT_TOKENS,
     MAX_TOTAL_TOKENS,
     MIN_TOKENS,
+    TraceRow,
     estimate_tokens,
     sharegpt_exchanges,
     sharegpt_like,
+    trace_rows,
 )
 
 TokenCounter = Callable[[str], int]
@@ -264,14 +264,10 @@ def load_trace(
     """
     rng = random.Random(seed)
     count = count or estimate_tokens
-    rows: list[RequestSpec] = []
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise WorkloadError(f"{path}: cannot read: {exc}") from None
-    for lineno, line in enumerate(lines, start=1):
-        if line.strip():
-            rows.append(_trace_row(f"{path}:{lineno}", line, count, rng))
+        rows = [_request(row, count, rng) for row in trace_rows(path)]
+    except ValueError as exc:
+        raise WorkloadError(str(exc)) from None
     if not rows:
         raise WorkloadError(f"{path}: the trace has no requests")
     rows.sort(key=lambda r: r.t or 0.0)
@@ -280,34 +276,13 @@ def load_trace(
     return TraceWorkload(specs, f"trace:{Path(path).name}")
 
 
-def _trace_row(where: str, line: str, count: TokenCounter, rng: random.Random) -> RequestSpec:
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise WorkloadError(f"{where}: not valid JSON: {exc}") from None
-    if not isinstance(row, dict):
-        raise WorkloadError(f"{where}: expected a JSON object")
-    t = row.get("t")
-    if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t < 0:
-        raise WorkloadError(f"{where}: 't' must be a non-negative number of seconds")
-    output = _positive_int(where, row, "output_tokens", required=True)
-    prompt_tokens = _positive_int(where, row, "prompt_tokens", required=False)
-    prompt = row.get("prompt")
-    if prompt is not None and (not isinstance(prompt, str) or not prompt):
-        raise WorkloadError(f"{where}: 'prompt' must be a non-empty string")
+def _request(row: TraceRow, count: TokenCounter, rng: random.Random) -> RequestSpec:
+    """A trace row as a request: its prompt text, else a synthetic prompt of its token
+    count; its length the given count, else the text's."""
+    prompt = row.prompt
     if prompt is None:
-        if prompt_tokens is None:
-            raise WorkloadError(f"{where}: needs 'prompt' or 'prompt_tokens'")
-        prompt = synthetic_prompt(prompt_tokens, rng)
-    input_len = prompt_tokens if prompt_tokens is not None else count(prompt)
-    assert output is not None  # required=True
-    return RequestSpec(prompt, input_len, output, float(t))
-
-
-def _positive_int(where: str, row: dict[str, Any], key: str, *, required: bool) -> int | None:
-    value = row.get(key)
-    if value is None and not required:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise WorkloadError(f"{where}: '{key}' must be a positive integer")
-    return value
+        if row.prompt_tokens is None:
+            raise ValueError(f"{row.where}: needs 'prompt' or 'prompt_tokens'")
+        prompt = synthetic_prompt(row.prompt_tokens, rng)
+    input_len = row.prompt_tokens if row.prompt_tokens is not None else count(prompt)
+    return RequestSpec(prompt, input_len, row.output_tokens, row.t)

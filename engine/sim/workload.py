@@ -541,25 +541,76 @@ def write_trace(path: str | Path, requests: Iterable[WorkloadRequest]) -> None:
             f.write(json.dumps(row) + "\n")
 
 
+@dataclass(frozen=True)
+class TraceRow:
+    """One line of a JSONL trace: arrival ``t`` (seconds), ``output_tokens``, and the
+    prompt as text, as a token count or both; ``model`` where the trace names one.
+    ``where`` is ``path:line`` for messages."""
+
+    where: str
+    t: float
+    output_tokens: int
+    prompt_tokens: int | None = None
+    prompt: str | None = None
+    model: str | None = None
+
+
+def trace_rows(path: str | Path) -> list[TraceRow]:
+    """Every request of a JSONL trace in file order, blank lines skipped: the one reader
+    of the format the simulator writes (``write_trace``) and the load generator replays.
+    ValueError naming the line for a malformed one, or for a file that cannot be read."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read: {exc}") from None
+    return [
+        _trace_row(f"{path}:{lineno}", line)
+        for lineno, line in enumerate(lines, start=1)
+        if line.strip()
+    ]
+
+
+def _trace_row(where: str, line: str) -> TraceRow:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where}: not valid JSON: {exc}") from None
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: expected a JSON object")
+    t = row.get("t")
+    if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t < 0:
+        raise ValueError(f"{where}: 't' must be a non-negative number of seconds")
+    output = _positive_int(where, row, "output_tokens")
+    if output is None:
+        raise ValueError(f"{where}: 'output_tokens' must be a positive integer")
+    prompt = row.get("prompt")
+    if prompt is not None and (not isinstance(prompt, str) or not prompt):
+        raise ValueError(f"{where}: 'prompt' must be a non-empty string")
+    model = row.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ValueError(f"{where}: 'model' must be a string")
+    return TraceRow(
+        where, float(t), output, _positive_int(where, row, "prompt_tokens"), prompt, model
+    )
+
+
+def _positive_int(where: str, row: dict[str, Any], key: str) -> int | None:
+    value = row.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{where}: '{key}' must be a positive integer")
+    return value
+
+
 def read_trace(path: str | Path) -> list[WorkloadRequest]:
-    """Read a JSONL trace (blank lines ignored), sorted by arrival time."""
+    """A JSONL trace's requests sorted by arrival time; each line needs ``t``,
+    ``prompt_tokens``, ``output_tokens`` and ``model`` (ValueError naming the line)."""
     requests = []
-    with Path(path).open() as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                requests.append(
-                    WorkloadRequest(
-                        float(row["t"]),
-                        int(row["prompt_tokens"]),
-                        int(row["output_tokens"]),
-                        str(row["model"]),
-                    )
-                )
-            except (KeyError, ValueError, TypeError) as exc:
-                raise ValueError(f"{path}:{lineno}: bad trace line: {exc}") from None
+    for row in trace_rows(path):
+        if row.prompt_tokens is None or row.model is None:
+            raise ValueError(f"{row.where}: bad trace line: needs 'prompt_tokens' and 'model'")
+        requests.append(WorkloadRequest(row.t, row.prompt_tokens, row.output_tokens, row.model))
     return sorted(requests, key=lambda r: r.t)
 
 
@@ -568,8 +619,8 @@ def load_trace(path: str | Path, models: Collection[str]) -> list[WorkloadReques
     read, a trace without requests, or one naming a model the run does not serve."""
     try:
         requests = read_trace(path)
-    except OSError as exc:
-        raise ValueError(f"cannot read trace {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise ValueError(f"cannot read trace {path}: {exc}") from None
     if not requests:
         raise ValueError(f"trace {path} has no requests")
     unknown = sorted({r.model for r in requests} - set(models))
