@@ -2,11 +2,11 @@
 
 ``PUBLISHED`` holds public models, each as its published ``config.json`` describes it;
 ``shunter model init`` adds tiny presets that exercise every architecture feature the
-executor supports (GQA, llama3 and linear RoPE scaling, tied embeddings, qkv bias, a
-sliding window shorter than a test's context) at sizes a CPU runs in milliseconds, and
-``small-llama`` for CPU benchmarks. Everything else derives from these configs: the
-executor's presets (``PRESETS``, the families it builds) and the simulator's sizes
-(``CATALOG``, every model). Pure logic: no torch.
+executor supports (GQA, llama3 and linear RoPE scaling, tied embeddings, qkv bias, Qwen3's
+q/k norms, a sliding window shorter than a test's context) at sizes a CPU runs in
+milliseconds, and ``small-llama`` for CPU benchmarks. Everything else derives from these
+configs: the executor's presets (``PRESETS``, the families it builds) and the simulator's
+sizes (``CATALOG``, every model). Pure logic: no torch.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ DEFAULT_SHARD_BYTES = 5 * 1024**3
 ARCHITECTURES = {
     "llama": "Llama",
     "qwen2": "Qwen2",
+    "qwen3": "Qwen3",
     "mistral": "Mistral",
     "mixtral": "Mixtral",
 }
@@ -89,6 +90,15 @@ _BUILT: dict[str, dict[str, Any]] = {
     ),
     "tiny-qwen2": _tiny(
         "qwen2", rope_theta=1000000.0, tie_word_embeddings=True, use_sliding_window=False
+    ),
+    # Qwen3's q/k norms; head_dim 32 is not hidden_size / heads (16), as in Qwen3-0.6B.
+    "tiny-qwen3": _tiny(
+        "qwen3",
+        head_dim=32,
+        rope_theta=1000000.0,
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+        attention_bias=False,
     ),
     "tiny-mistral": _tiny(
         "mistral",
@@ -199,6 +209,38 @@ PUBLISHED: dict[str, dict[str, Any]] = {
         rms_norm_eps=1e-5,
         rope_theta=1000000.0,
         use_sliding_window=False,
+    ),
+    # Qwen/Qwen3-8B: 8.2B parameters.
+    "qwen3-8b": _config(
+        "qwen3",
+        vocab_size=151936,
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=40960,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        use_sliding_window=False,
+        attention_bias=False,
+    ),
+    # Qwen/Qwen3-32B: 32.8B parameters.
+    "qwen3-32b": _config(
+        "qwen3",
+        vocab_size=151936,
+        hidden_size=5120,
+        intermediate_size=25600,
+        num_hidden_layers=64,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=40960,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        use_sliding_window=False,
+        attention_bias=False,
     ),
     # facebook/opt-6.7b: 6.7B parameters; a two-matrix ReLU MLP, tied output head.
     "opt-6.7b": _opt(hidden_size=4096, ffn_dim=16384, num_hidden_layers=32, num_attention_heads=32),

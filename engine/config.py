@@ -15,7 +15,8 @@ class ModelSpec:
     ``num_experts == 0`` means a dense MLP; otherwise each token runs
     ``num_active_experts`` of ``num_experts`` expert MLPs (Mixtral-style MoE).
     ``mlp_gated`` is True for SwiGLU MLPs (three matrices, Llama/Qwen/Mistral) and
-    False for two-matrix MLPs (OPT).
+    False for two-matrix MLPs (OPT). ``qk_norm`` (Qwen3) adds a query and a key norm of
+    ``head_dim`` weights to each layer.
     """
 
     name: str
@@ -32,6 +33,7 @@ class ModelSpec:
     mlp_gated: bool = True
     tie_embeddings: bool = False
     max_context: int = 4096
+    qk_norm: bool = False
 
     def __post_init__(self) -> None:
         for field in (
@@ -79,14 +81,18 @@ class ModelSpec:
         """Parameters of one decoder layer (all experts, norms and router included)."""
         experts = max(self.num_experts, 1)
         router = self.hidden_size * self.num_experts
-        norms = 2 * self.hidden_size
-        return self.attention_params + experts * self.expert_params + router + norms
+        return self.attention_params + experts * self.expert_params + router + self.norm_params
 
     @cached_property
     def active_layer_params(self) -> int:
         """Parameters one token touches in one layer (active experts only)."""
         experts = self.num_active_experts if self.is_moe else 1
-        return self.attention_params + experts * self.expert_params + 2 * self.hidden_size
+        return self.attention_params + experts * self.expert_params + self.norm_params
+
+    @property
+    def norm_params(self) -> int:
+        """A layer's two RMSNorms, and its query and key norms where it has them."""
+        return 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
 
     @cached_property
     def embedding_params(self) -> int:

@@ -1,4 +1,5 @@
-"""Architecture facts read from a Hugging Face ``config.json`` (Llama, Qwen2, Mistral).
+"""Architecture facts read from a Hugging Face ``config.json`` (Llama, Qwen2, Qwen3,
+Mistral).
 
 Pure logic: no torch, so the control plane and the simulator can size a model from its
 directory without loading it. The executor builds its layers from :class:`ArchConfig`.
@@ -13,8 +14,8 @@ from typing import Any
 
 from shunter.engine.config import ModelSpec
 
-# model_type -> family; the three share one decoder layer and differ in the flags below.
-FAMILIES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2"}
+# model_type -> family; they share one decoder layer and differ in the flags below.
+FAMILIES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
 ROPE_TYPES = ("default", "linear", "llama3")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -48,9 +49,11 @@ class RopeConfig:
 class ArchConfig:
     """One decoder-only model of the Llama family, as its ``config.json`` describes it.
 
-    ``qkv_bias`` is set for Qwen2 (and Llama with ``attention_bias``), ``o_bias`` only for
-    Llama with ``attention_bias``. ``sliding_window`` (Mistral) limits attention to the
-    last ``sliding_window`` positions, the query's own included; ``None`` means full.
+    ``qkv_bias`` is set for Qwen2 (and Llama or Qwen3 with ``attention_bias``), ``o_bias``
+    for Llama and Qwen3 with ``attention_bias``. ``qk_norm`` (Qwen3) normalizes each head's
+    query and key (RMSNorm over ``head_dim``) before the rotary embedding.
+    ``sliding_window`` (Mistral) limits attention to the last ``sliding_window`` positions,
+    the query's own included; ``None`` means full.
     """
 
     family: str
@@ -69,6 +72,7 @@ class ArchConfig:
     o_bias: bool
     sliding_window: int | None
     dtype: str
+    qk_norm: bool = False
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -88,8 +92,8 @@ class ArchConfig:
             raise ValueError(f"unsupported hidden_act {config['hidden_act']!r}; need silu")
         if config.get("mlp_bias", False):
             raise ValueError("mlp_bias is not supported")
-        if model_type == "qwen2" and config.get("use_sliding_window", False):
-            raise ValueError("Qwen2 use_sliding_window is not supported")
+        if model_type in ("qwen2", "qwen3") and config.get("use_sliding_window", False):
+            raise ValueError(f"{model_type} use_sliding_window is not supported")
         num_heads = int(config["num_attention_heads"])
         attention_bias = model_type != "qwen2" and bool(config.get("attention_bias", False))
         sliding_window = config.get("sliding_window") if model_type == "mistral" else None
@@ -112,6 +116,7 @@ class ArchConfig:
             o_bias=attention_bias,
             sliding_window=None if sliding_window is None else int(sliding_window),
             dtype=str(dtype),
+            qk_norm=model_type == "qwen3",
         )
 
     @property
@@ -176,6 +181,7 @@ def model_spec_from_config(
         dtype_bytes=DTYPE_BYTES[dtype],
         tie_embeddings=arch.tie_embeddings,
         max_context=arch.max_position_embeddings,
+        qk_norm=arch.qk_norm,
     )
 
 

@@ -36,18 +36,26 @@ class LayerWeights:
     post_norm: torch.Tensor
     gate_up: torch.Tensor
     down: torch.Tensor
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
 
     def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> LayerWeights:
-        """A layer whose every tensor is ``fn`` of this one's (absent biases stay absent)."""
+        """A layer whose every tensor is ``fn`` of this one's (absent ones stay absent)."""
+
+        def opt(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else fn(t)
+
         return LayerWeights(
             input_norm=fn(self.input_norm),
             qkv=fn(self.qkv),
-            qkv_bias=None if self.qkv_bias is None else fn(self.qkv_bias),
+            qkv_bias=opt(self.qkv_bias),
             o_proj=fn(self.o_proj),
-            o_bias=None if self.o_bias is None else fn(self.o_bias),
+            o_bias=opt(self.o_bias),
             post_norm=fn(self.post_norm),
             gate_up=fn(self.gate_up),
             down=fn(self.down),
+            q_norm=opt(self.q_norm),
+            k_norm=opt(self.k_norm),
         )
 
 
@@ -134,6 +142,8 @@ def load_host_weights(
                 post_norm=read(p + "post_attention_layernorm.weight"),
                 gate_up=read(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
                 down=read(p + "mlp.down_proj.weight"),
+                q_norm=read(attn + "q_norm.weight") if arch.qk_norm else None,
+                k_norm=read(attn + "k_norm.weight") if arch.qk_norm else None,
             )
 
         embed = read("model.embed_tokens.weight")

@@ -1,9 +1,11 @@
-"""The decoder of the Llama family (Llama, Qwen2, Mistral) over paged, block-first KV.
+"""The decoder of the Llama family (Llama, Qwen2, Qwen3, Mistral) over paged, block-first
+KV.
 
 Pre-norm layers: RMSNorm, attention with RoPE and GQA, residual; RMSNorm, SwiGLU MLP,
-residual. Qwen2 adds biases to q, k and v; Mistral may limit attention to a sliding
-window. Numerics follow the ``transformers`` implementations (norms in float32, cos/sin
-computed in float32), so the same weights give the same logits.
+residual. Qwen2 adds biases to q, k and v; Qwen3 normalizes each head's q and k before RoPE;
+Mistral may limit attention to a sliding window. Numerics follow the ``transformers``
+implementations (norms in float32, cos/sin computed in float32), so the same weights give
+the same logits.
 """
 
 from __future__ import annotations
@@ -109,8 +111,12 @@ class Transformer:
         x = rms_norm(hidden, layer.input_norm, arch.rms_norm_eps)
         qkv = F.linear(x, layer.qkv, layer.qkv_bias)
         q, k, v = torch.split(qkv, [arch.q_size, arch.kv_size, arch.kv_size], dim=-1)
-        q = apply_rotary(q.view(num_tokens, arch.num_heads, arch.head_dim), cos, sin)
-        k = apply_rotary(k.view(num_tokens, arch.num_kv_heads, arch.head_dim), cos, sin)
+        q = q.view(num_tokens, arch.num_heads, arch.head_dim)
+        k = k.view(num_tokens, arch.num_kv_heads, arch.head_dim)
+        if layer.q_norm is not None and layer.k_norm is not None:
+            q = rms_norm(q, layer.q_norm, arch.rms_norm_eps)
+            k = rms_norm(k, layer.k_norm, arch.rms_norm_eps)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         v = v.view(num_tokens, arch.num_kv_heads, arch.head_dim)
         write_kv(kv_cache, index, k, v, batch.attention)
         attn = paged_attention(q, kv_cache, index, batch.attention, self.scale)

@@ -46,7 +46,7 @@ def init_model_dir(
     tokens = write_tokenizer(
         out,
         max_vocab=arch.vocab_size,
-        add_bos=arch.family != "qwen2",
+        add_bos=arch.family not in ("qwen2", "qwen3"),
         model_max_length=arch.max_position_embeddings,
     )
     config = {**config, "bos_token_id": tokens.bos_id, "eos_token_id": tokens.eos_ids[0]}
@@ -75,6 +75,9 @@ def parameter_shapes(arch: ArchConfig) -> dict[str, tuple[int, ...]]:
             shapes[p + f"self_attn.{proj}_proj.weight"] = (rows, d)
             if arch.qkv_bias:
                 shapes[p + f"self_attn.{proj}_proj.bias"] = (rows,)
+        if arch.qk_norm:
+            shapes[p + "self_attn.q_norm.weight"] = (arch.head_dim,)
+            shapes[p + "self_attn.k_norm.weight"] = (arch.head_dim,)
         shapes[p + "self_attn.o_proj.weight"] = (d, q)
         if arch.o_bias:
             shapes[p + "self_attn.o_proj.bias"] = (d,)

@@ -17,6 +17,7 @@ from tests.engine.exec.conftest import TINY, greedy_generate, new_cache, transfo
 HF_CLASSES = {
     "tiny-llama": "LlamaForCausalLM",
     "tiny-qwen2": "Qwen2ForCausalLM",
+    "tiny-qwen3": "Qwen3ForCausalLM",
     "tiny-mistral": "MistralForCausalLM",
 }
 ATOL = 1e-4

@@ -44,9 +44,10 @@ def deep_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return dirs
 
 
-def work(count: int, seed: int) -> list[tuple[str, list[int], int]]:
+def work(
+    count: int, seed: int, models: tuple[str, str] = ("tiny-llama", "tiny-qwen2")
+) -> list[tuple[str, list[int], int]]:
     gen = torch.Generator().manual_seed(seed)
-    models = ("tiny-llama", "tiny-qwen2")
     out = []
     for i in range(count):
         n = int(torch.randint(3, 40, (1,), generator=gen))
@@ -182,6 +183,38 @@ def test_remapping_rotation_and_a_tight_arena_keep_every_token(
     assert engine.totals.layers_streamed > 0
     # At least the forced layers; the pressure takes more.
     assert engine.totals.remapped_layers_max >= 4
+
+
+@pytest.fixture(scope="module")
+def qwen3_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("deep-qwen3")
+    dirs = {}
+    for preset in ("tiny-llama", "tiny-qwen3"):
+        config = preset_config(preset) | {"num_hidden_layers": NUM_LAYERS}
+        dirs[preset] = init_model_dir(root / preset, config=config, seed=3)
+    return dirs
+
+
+def test_a_qwen3_model_under_rotation_and_remapping_keeps_every_token(
+    qwen3_dirs: dict[str, Path],
+) -> None:
+    """Qwen3's q/k norms travel with its layers: streamed into slots, lent and restored,
+    its KV rotated, and its greedy tokens those of a run with room for all."""
+    requests = work(10, seed=6, models=("tiny-llama", "tiny-qwen3"))
+    expected = run(TorchEngine(qwen3_dirs, config_for(qwen3_dirs, requests), device=CPU), requests)
+
+    longest = max(-(-(len(p) + n) // BLOCK_TOKENS) for _, p, n in requests)
+    tight = config_for(qwen3_dirs, requests, kv_pages=longest + 1, remap=True, force_rotation=True)
+    tight = dataclasses.replace(
+        tight,
+        tenants=(TenantSpec("tiny-qwen3", sharing="temporal"), TenantSpec("tiny-llama")),
+        scheduler=SchedulerConfig(turn_quantum_s=0.0),
+    )
+    engine = TorchEngine(qwen3_dirs, tight, device=CPU, force_rotation=True, force_remap=2)
+    assert run(engine, requests) == expected
+    assert engine.totals.rotations > 0
+    assert engine.totals.layers_streamed > 0
+    assert engine.executor.models["tiny-qwen3"].model.arch.qk_norm
 
 
 def test_kv_lands_in_lent_frames_and_the_weights_come_back_bit_exact(
