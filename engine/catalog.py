@@ -3,7 +3,7 @@
 ``PUBLISHED`` holds public models, each as its published ``config.json`` describes it;
 ``shunter model init`` adds tiny presets that exercise every architecture feature the
 executor supports (GQA, llama3 and linear RoPE scaling, tied embeddings, qkv bias, Qwen3's
-q/k norms, a sliding window shorter than a test's context) at sizes a CPU runs in
+q/k norms, Mixtral's experts, a sliding window shorter than a test's context) at sizes a CPU runs in
 milliseconds, and ``small-llama`` for CPU benchmarks. Everything else derives from these
 configs: the executor's presets (``PRESETS``, the families it builds) and the simulator's
 sizes (``CATALOG``, every model). Pure logic: no torch.
@@ -99,6 +99,14 @@ _BUILT: dict[str, dict[str, Any]] = {
         tie_word_embeddings=True,
         use_sliding_window=False,
         attention_bias=False,
+    ),
+    # Four experts, two per token: each token's choice shows in the logits.
+    "tiny-mixtral": _tiny(
+        "mixtral",
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        rope_theta=1000000.0,
+        sliding_window=None,
     ),
     "tiny-mistral": _tiny(
         "mistral",

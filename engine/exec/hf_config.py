@@ -1,5 +1,5 @@
 """Architecture facts read from a Hugging Face ``config.json`` (Llama, Qwen2, Qwen3,
-Mistral).
+Mistral, Mixtral).
 
 Pure logic: no torch, so the control plane and the simulator can size a model from its
 directory without loading it. The executor builds its layers from :class:`ArchConfig`.
@@ -15,7 +15,13 @@ from typing import Any
 from shunter.engine.config import ModelSpec
 
 # model_type -> family; they share one decoder layer and differ in the flags below.
-FAMILIES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
+FAMILIES = {
+    "llama": "llama",
+    "mistral": "mistral",
+    "mixtral": "mixtral",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+}
 ROPE_TYPES = ("default", "linear", "llama3")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -52,8 +58,11 @@ class ArchConfig:
     ``qkv_bias`` is set for Qwen2 (and Llama or Qwen3 with ``attention_bias``), ``o_bias``
     for Llama and Qwen3 with ``attention_bias``. ``qk_norm`` (Qwen3) normalizes each head's
     query and key (RMSNorm over ``head_dim``) before the rotary embedding.
-    ``sliding_window`` (Mistral) limits attention to the last ``sliding_window`` positions,
-    the query's own included; ``None`` means full.
+    ``sliding_window`` (Mistral, Mixtral) limits attention to the last ``sliding_window``
+    positions, the query's own included; ``None`` means full. ``num_experts`` > 0
+    (Mixtral) makes each MLP a mixture of that many SwiGLU experts, of which a router
+    picks ``experts_per_token`` per token, their outputs weighted by the router's softmax
+    over the chosen ones.
     """
 
     family: str
@@ -73,6 +82,8 @@ class ArchConfig:
     sliding_window: int | None
     dtype: str
     qk_norm: bool = False
+    num_experts: int = 0
+    experts_per_token: int = 0
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -81,6 +92,8 @@ class ArchConfig:
             raise ValueError("head_dim must be even for rotary embeddings")
         if self.dtype not in DTYPE_BYTES:
             raise ValueError(f"unsupported dtype {self.dtype!r}; supported: {list(DTYPE_BYTES)}")
+        if self.num_experts and not 0 < self.experts_per_token <= self.num_experts:
+            raise ValueError("num_experts_per_tok must be in [1, num_local_experts]")
 
     @classmethod
     def from_hf(cls, config: dict[str, Any]) -> ArchConfig:
@@ -96,7 +109,8 @@ class ArchConfig:
             raise ValueError(f"{model_type} use_sliding_window is not supported")
         num_heads = int(config["num_attention_heads"])
         attention_bias = model_type != "qwen2" and bool(config.get("attention_bias", False))
-        sliding_window = config.get("sliding_window") if model_type == "mistral" else None
+        windowed = model_type in ("mistral", "mixtral")
+        sliding_window = config.get("sliding_window") if windowed else None
         # transformers >= 5 writes "dtype", older versions "torch_dtype".
         dtype = config.get("dtype") or config.get("torch_dtype") or "float32"
         return cls(
@@ -117,6 +131,8 @@ class ArchConfig:
             sliding_window=None if sliding_window is None else int(sliding_window),
             dtype=str(dtype),
             qk_norm=model_type == "qwen3",
+            num_experts=int(config.get("num_local_experts", 0)) if model_type == "mixtral" else 0,
+            experts_per_token=int(config.get("num_experts_per_tok", 0)),
         )
 
     @property
@@ -182,6 +198,8 @@ def model_spec_from_config(
         tie_embeddings=arch.tie_embeddings,
         max_context=arch.max_position_embeddings,
         qk_norm=arch.qk_norm,
+        num_experts=arch.num_experts,
+        num_active_experts=arch.experts_per_token if arch.num_experts else 0,
     )
 
 

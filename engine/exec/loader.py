@@ -26,7 +26,10 @@ TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16":
 
 @dataclass
 class LayerWeights:
-    """One decoder layer. Matrices are ``[out_features, in_features]`` as in nn.Linear."""
+    """One decoder layer. Matrices are ``[out_features, in_features]`` as in nn.Linear.
+    A mixture-of-experts layer has a ``router`` ``[experts, hidden]`` and its experts'
+    matrices stacked: ``gate_up`` ``[experts, 2 x intermediate, hidden]``, ``down``
+    ``[experts, hidden, intermediate]``."""
 
     input_norm: torch.Tensor
     qkv: torch.Tensor
@@ -38,6 +41,7 @@ class LayerWeights:
     down: torch.Tensor
     q_norm: torch.Tensor | None = None
     k_norm: torch.Tensor | None = None
+    router: torch.Tensor | None = None
 
     def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> LayerWeights:
         """A layer whose every tensor is ``fn`` of this one's (absent ones stay absent)."""
@@ -56,6 +60,7 @@ class LayerWeights:
             down=fn(self.down),
             q_norm=opt(self.q_norm),
             k_norm=opt(self.k_norm),
+            router=opt(self.router),
         )
 
 
@@ -140,11 +145,28 @@ def load_host_weights(
                 o_proj=read(attn + "o_proj.weight"),
                 o_bias=read(attn + "o_proj.bias") if arch.o_bias else None,
                 post_norm=read(p + "post_attention_layernorm.weight"),
-                gate_up=read(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
-                down=read(p + "mlp.down_proj.weight"),
+                **mlp(p),
                 q_norm=read(attn + "q_norm.weight") if arch.qk_norm else None,
                 k_norm=read(attn + "k_norm.weight") if arch.qk_norm else None,
             )
+
+        def mlp(p: str) -> dict[str, torch.Tensor]:
+            """The MLP's tensors: a dense one's, or a mixture's router and stacked experts
+            (Mixtral's names: ``w1`` gate, ``w3`` up, ``w2`` down)."""
+            if not arch.num_experts:
+                return {
+                    "gate_up": read(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
+                    "down": read(p + "mlp.down_proj.weight"),
+                }
+            moe, ff, d = p + "block_sparse_moe.", arch.intermediate_size, arch.hidden_size
+            experts = [moe + f"experts.{e}." for e in range(arch.num_experts)]
+            gate_up = read(*(e + w for e in experts for w in ("w1.weight", "w3.weight")))
+            down = read(*(e + "w2.weight" for e in experts))
+            return {
+                "gate_up": gate_up.view(arch.num_experts, 2 * ff, d),
+                "down": down.view(arch.num_experts, d, ff),
+                "router": read(moe + "gate.weight"),
+            }
 
         embed = read("model.embed_tokens.weight")
         return ModelWeights(

@@ -1,11 +1,11 @@
-"""The decoder of the Llama family (Llama, Qwen2, Qwen3, Mistral) over paged, block-first
-KV.
+"""The decoder of the Llama family (Llama, Qwen2, Qwen3, Mistral, Mixtral) over paged,
+block-first KV.
 
 Pre-norm layers: RMSNorm, attention with RoPE and GQA, residual; RMSNorm, SwiGLU MLP,
 residual. Qwen2 adds biases to q, k and v; Qwen3 normalizes each head's q and k before RoPE;
-Mistral may limit attention to a sliding window. Numerics follow the ``transformers``
-implementations (norms in float32, cos/sin computed in float32), so the same weights give
-the same logits.
+Mistral may limit attention to a sliding window; Mixtral's MLP is a mixture of experts.
+Numerics follow the ``transformers`` implementations (norms in float32, cos/sin computed in
+float32), so the same weights give the same logits.
 """
 
 from __future__ import annotations
@@ -122,5 +122,23 @@ class Transformer:
         attn = paged_attention(q, kv_cache, index, batch.attention, self.scale)
         hidden = hidden + F.linear(attn.view(num_tokens, arch.q_size), layer.o_proj, layer.o_bias)
         x = rms_norm(hidden, layer.post_norm, arch.rms_norm_eps)
+        if layer.router is not None:
+            return hidden + self._experts(x, layer)
         gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
         return hidden + F.linear(F.silu(gate) * up, layer.down)
+
+    def _experts(self, x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
+        """A mixture of SwiGLU experts: the router's softmax (float32) over every expert,
+        the top ``experts_per_token`` kept and renormalized, and each token's output the
+        weighted sum of its experts' (as ``transformers``' Mixtral computes it)."""
+        assert layer.router is not None
+        probs = torch.softmax(F.linear(x, layer.router).float(), dim=-1)
+        weights, chosen = torch.topk(probs, self.arch.experts_per_token, dim=-1)
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        out = torch.zeros_like(x)
+        for expert in torch.unique(chosen).tolist():
+            tokens, slot = torch.where(chosen == expert)
+            gate, up = F.linear(x[tokens], layer.gate_up[expert]).chunk(2, dim=-1)
+            y = F.linear(F.silu(gate) * up, layer.down[expert]) * weights[tokens, slot, None]
+            out.index_add_(0, tokens, y.to(out.dtype))
+        return out

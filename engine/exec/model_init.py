@@ -82,6 +82,14 @@ def parameter_shapes(arch: ArchConfig) -> dict[str, tuple[int, ...]]:
         if arch.o_bias:
             shapes[p + "self_attn.o_proj.bias"] = (d,)
         shapes[p + "post_attention_layernorm.weight"] = (d,)
+        if arch.num_experts:
+            moe = p + "block_sparse_moe."
+            shapes[moe + "gate.weight"] = (arch.num_experts, d)
+            for e in range(arch.num_experts):
+                shapes[moe + f"experts.{e}.w1.weight"] = (ff, d)
+                shapes[moe + f"experts.{e}.w2.weight"] = (d, ff)
+                shapes[moe + f"experts.{e}.w3.weight"] = (ff, d)
+            continue
         shapes[p + "mlp.gate_proj.weight"] = (ff, d)
         shapes[p + "mlp.up_proj.weight"] = (ff, d)
         shapes[p + "mlp.down_proj.weight"] = (d, ff)
@@ -104,7 +112,7 @@ def _random_tensor(
         # Tied embeddings also produce the logits. At 1/sqrt(hidden) a token's similarity
         # to itself does not outweigh the layers' contribution, so greedy output varies.
         return values / math.sqrt(arch.hidden_size) if arch.tie_embeddings else values
-    if name.endswith(("o_proj.weight", "down_proj.weight")):
+    if name.endswith(("o_proj.weight", "down_proj.weight", "w2.weight")):
         return values / (math.sqrt(shape[1]) * depth)
     return values / math.sqrt(shape[1])
 

@@ -245,7 +245,13 @@ def measure_timing(host: PackedLayers, device: torch.device, *, repeats: int = 5
 
     t_transfer = timed(lambda: copies.copy(scratch, host.data[0]))
     layer = host.packing.views(scratch)
-    matrices = (layer.qkv, layer.o_proj, layer.gate_up, layer.down)
+    # A mixture's token runs its router and at least one expert.
+    mlp = (
+        (layer.gate_up, layer.down)
+        if layer.router is None
+        else (layer.router, layer.gate_up[0], layer.down[0])
+    )
+    matrices = (layer.qkv, layer.o_proj, *mlp)
     inputs = [torch.ones(w.shape[1], dtype=w.dtype, device=device) for w in matrices]
     t_layer = timed(lambda: [torch.mv(w, x) for w, x in zip(matrices, inputs, strict=True)])
     t_pass = max(t_layer, 1e-9) * len(host)

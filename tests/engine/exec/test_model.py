@@ -18,6 +18,7 @@ HF_CLASSES = {
     "tiny-llama": "LlamaForCausalLM",
     "tiny-qwen2": "Qwen2ForCausalLM",
     "tiny-qwen3": "Qwen3ForCausalLM",
+    "tiny-mixtral": "MixtralForCausalLM",
     "tiny-mistral": "MistralForCausalLM",
 }
 ATOL = 1e-4

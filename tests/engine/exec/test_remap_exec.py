@@ -185,36 +185,33 @@ def test_remapping_rotation_and_a_tight_arena_keep_every_token(
     assert engine.totals.remapped_layers_max >= 4
 
 
-@pytest.fixture(scope="module")
-def qwen3_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("deep-qwen3")
-    dirs = {}
-    for preset in ("tiny-llama", "tiny-qwen3"):
-        config = preset_config(preset) | {"num_hidden_layers": NUM_LAYERS}
-        dirs[preset] = init_model_dir(root / preset, config=config, seed=3)
-    return dirs
-
-
-def test_a_qwen3_model_under_rotation_and_remapping_keeps_every_token(
-    qwen3_dirs: dict[str, Path],
+@pytest.mark.parametrize("preset", ["tiny-qwen3", "tiny-mixtral"])
+def test_qwen3_and_mixtral_under_rotation_and_remapping_keep_every_token(
+    preset: str, tmp_path: Path
 ) -> None:
-    """Qwen3's q/k norms travel with its layers: streamed into slots, lent and restored,
-    its KV rotated, and its greedy tokens those of a run with room for all."""
-    requests = work(10, seed=6, models=("tiny-llama", "tiny-qwen3"))
-    expected = run(TorchEngine(qwen3_dirs, config_for(qwen3_dirs, requests), device=CPU), requests)
+    """Qwen3's q/k norms and Mixtral's router and experts travel with their layers:
+    streamed into slots, lent and restored, the KV rotated, and the greedy tokens those
+    of a run with room for all."""
+    dirs = {}
+    for name in ("tiny-llama", preset):
+        config = preset_config(name) | {"num_hidden_layers": NUM_LAYERS}
+        dirs[name] = init_model_dir(tmp_path / name, config=config, seed=3)
+    requests = work(10, seed=6, models=("tiny-llama", preset))
+    expected = run(TorchEngine(dirs, config_for(dirs, requests), device=CPU), requests)
 
     longest = max(-(-(len(p) + n) // BLOCK_TOKENS) for _, p, n in requests)
-    tight = config_for(qwen3_dirs, requests, kv_pages=longest + 1, remap=True, force_rotation=True)
+    tight = config_for(dirs, requests, kv_pages=longest + 1, remap=True, force_rotation=True)
     tight = dataclasses.replace(
         tight,
-        tenants=(TenantSpec("tiny-qwen3", sharing="temporal"), TenantSpec("tiny-llama")),
+        tenants=(TenantSpec(preset, sharing="temporal"), TenantSpec("tiny-llama")),
         scheduler=SchedulerConfig(turn_quantum_s=0.0),
     )
-    engine = TorchEngine(qwen3_dirs, tight, device=CPU, force_rotation=True, force_remap=2)
+    engine = TorchEngine(dirs, tight, device=CPU, force_rotation=True, force_remap=2)
     assert run(engine, requests) == expected
     assert engine.totals.rotations > 0
     assert engine.totals.layers_streamed > 0
-    assert engine.executor.models["tiny-qwen3"].model.arch.qk_norm
+    arch = engine.executor.models[preset].model.arch
+    assert arch.qk_norm or arch.num_experts == 4
 
 
 def test_kv_lands_in_lent_frames_and_the_weights_come_back_bit_exact(
