@@ -17,7 +17,7 @@ from shunter.benchmarks.stopwatch import Stopped, StopWatch
 from shunter.benchmarks.targets import job_slo, job_workload, run_target
 from shunter.engine.loadgen.arrivals import ArrivalProcess
 from shunter.engine.loadgen.runner import RateResult, run_async, run_rate_async
-from shunter.engine.loadgen.workload import WorkloadError
+from shunter.engine.workload.requests import WorkloadError
 from shunter.platform.models import BenchmarkJob, BenchmarkRun
 
 log = logging.getLogger("shunter.benchmarks")

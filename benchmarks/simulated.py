@@ -15,7 +15,7 @@ from shunter.engine.loadgen.cli import SAMPLE_SHAREGPT
 from shunter.engine.loadgen.client import RequestResult
 from shunter.engine.loadgen.report import Slo, build_report
 from shunter.engine.loadgen.runner import RateResult
-from shunter.engine.loadgen.workload import LengthDist
+from shunter.engine.workload.sources import LengthDist
 from shunter.platform.models import BenchmarkJob
 
 
@@ -25,8 +25,10 @@ def simulate_job(job: BenchmarkJob, progress: Progress, watch: StopWatch) -> Non
     from shunter.engine.sim.runner import simulate
     from shunter.engine.sim.scenario_sweep import ScenarioSpec
     from shunter.engine.sim.sweep import SweepSpec
-    from shunter.engine.sim.workload import build_workload, gamma_arrivals, resample
-    from shunter.engine.sim.workload import load_sharegpt as sim_sharegpt
+    from shunter.engine.workload.arrivals import gamma_arrivals
+    from shunter.engine.workload.generate import build_workload
+    from shunter.engine.workload.lengths import resample
+    from shunter.engine.workload.sharegpt import sharegpt_lengths
 
     sim = job.simulator
     slo = job_slo(job)
@@ -60,7 +62,7 @@ def simulate_job(job: BenchmarkJob, progress: Progress, watch: StopWatch) -> Non
         return
     lengths: Callable[[random.Random], tuple[int, int]]
     if job.workload_kind == BenchmarkJob.WorkloadKind.SHAREGPT:
-        lengths = resample(sim_sharegpt(job.dataset_path or SAMPLE_SHAREGPT))
+        lengths = resample(sharegpt_lengths(job.dataset_path or SAMPLE_SHAREGPT))
     else:
         inputs, outputs = LengthDist.parse(job.input_len), LengthDist.parse(job.output_len)
 

@@ -15,13 +15,9 @@ from shunter.benchmarks.lock import LOCK_MARGIN_S
 from shunter.engine.loadgen.cli import SAMPLE_SHAREGPT
 from shunter.engine.loadgen.client import Endpoint, Target
 from shunter.engine.loadgen.report import Slo
-from shunter.engine.loadgen.workload import (
-    LengthDist,
-    SyntheticWorkload,
-    Workload,
-    load_sharegpt,
-    load_trace,
-)
+from shunter.engine.workload.sharegpt import sharegpt_workload
+from shunter.engine.workload.sources import LengthDist, SyntheticWorkload, Workload
+from shunter.engine.workload.traces import trace_workload
 from shunter.platform.models import BenchmarkJob, BenchmarkRun, Deployment, SloClass
 
 BENCHMARK_TENANT = "benchmark"
@@ -102,9 +98,9 @@ def job_workload(job: BenchmarkJob) -> Workload:
     """The job's requests for the load generator (lengths estimated, not tokenized)."""
     kind = job.workload_kind
     if kind == BenchmarkJob.WorkloadKind.SHAREGPT:
-        return load_sharegpt(job.dataset_path or SAMPLE_SHAREGPT)
+        return sharegpt_workload(job.dataset_path or SAMPLE_SHAREGPT)
     if kind == BenchmarkJob.WorkloadKind.TRACE:
-        return load_trace(job.dataset_path, seed=job.seed)
+        return trace_workload(job.dataset_path, seed=job.seed)
     return SyntheticWorkload(LengthDist.parse(job.input_len), LengthDist.parse(job.output_len))
 
 

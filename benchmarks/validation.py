@@ -12,10 +12,8 @@ from django.core.exceptions import ValidationError
 from django_celery_beat.models import CrontabSchedule
 
 from shunter.engine.config import POLICIES
-from shunter.engine.loadgen.workload import (
-    LengthDist,
-    WorkloadError,
-)
+from shunter.engine.workload.requests import WorkloadError
+from shunter.engine.workload.sources import LengthDist
 from shunter.platform.models import BenchmarkJob
 
 Kind = BenchmarkJob.TargetKind

@@ -105,7 +105,7 @@ async def _run_stream(base_url: str, stream: LoadStream, key: str, index: int) -
     from shunter.engine.loadgen.arrivals import ArrivalProcess
     from shunter.engine.loadgen.client import Target
     from shunter.engine.loadgen.runner import run_rate_async
-    from shunter.engine.loadgen.workload import LengthDist, SyntheticWorkload
+    from shunter.engine.workload.sources import LengthDist, SyntheticWorkload
 
     target = Target(base_url, stream.model, key)
     workload = SyntheticWorkload(

@@ -3,8 +3,8 @@
 Gaps between arrivals are gamma-distributed with shape ``burstiness`` and mean ``1 /
 rate``: burstiness 1 is a Poisson process, below 1 burstier (inter-arrival CV =
 1 / sqrt(burstiness) > 1), above 1 smoother. The draws are the simulator's
-(``shunter.engine.sim.workload.gamma_arrivals``), so a seed gives the same arrivals in
-both.
+(``shunter.engine.workload.arrivals.gamma_arrivals``), so a seed gives the same arrivals
+in both.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from shunter.engine.sim.workload import gamma_arrivals
+from shunter.engine.workload.arrivals import gamma_arrivals
 
 
 @dataclass(frozen=True)

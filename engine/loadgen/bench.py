@@ -29,8 +29,8 @@ from shunter.engine.loadgen.client import Target
 from shunter.engine.loadgen.report import Slo, build_report
 from shunter.engine.loadgen.runner import Dispatcher, run_async, run_schedule
 from shunter.engine.loadgen.sse_fixture import fixture_process
-from shunter.engine.loadgen.workload import LengthDist, SyntheticWorkload
 from shunter.engine.sim.metrics import percentile
+from shunter.engine.workload.sources import LengthDist, SyntheticWorkload
 
 PROMPT_TOKENS = 32
 FIXTURE_NICE = 10

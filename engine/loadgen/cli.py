@@ -49,7 +49,8 @@ def _positive(kind: type[int] | type[float]) -> Any:
 
 
 def _length(text: str) -> Any:
-    from shunter.engine.loadgen.workload import LengthDist, WorkloadError
+    from shunter.engine.workload.requests import WorkloadError
+    from shunter.engine.workload.sources import LengthDist
 
     try:
         return LengthDist.parse(text)
@@ -138,15 +139,11 @@ def cmd_bench_serve(ns: argparse.Namespace) -> int:
     from shunter.engine.loadgen.client import Target
     from shunter.engine.loadgen.report import Slo, format_report, write_csv
     from shunter.engine.loadgen.runner import RateResult, run_rate
-    from shunter.engine.loadgen.workload import (
-        SyntheticWorkload,
-        TraceWorkload,
-        Workload,
-        WorkloadError,
-        load_sharegpt,
-        load_trace,
-        token_counter,
-    )
+    from shunter.engine.workload.requests import WorkloadError
+    from shunter.engine.workload.sharegpt import sharegpt_workload
+    from shunter.engine.workload.sources import SyntheticWorkload, TraceWorkload, Workload
+    from shunter.engine.workload.tokens import token_counter
+    from shunter.engine.workload.traces import trace_workload
 
     def fail(message: str) -> int:
         print(f"shunter bench serve: error: {message}", file=sys.stderr)
@@ -158,11 +155,11 @@ def cmd_bench_serve(ns: argparse.Namespace) -> int:
         kind, _, path = ns.dataset.partition(":")
         workload: Workload
         if kind == "sharegpt":
-            workload = load_sharegpt(path or SAMPLE_SHAREGPT, count)
+            workload = sharegpt_workload(path or SAMPLE_SHAREGPT, count)
         elif kind == "synthetic" and not path:
             workload = SyntheticWorkload(ns.input_len, ns.output_len, count)
         elif kind == "trace" and path:
-            workload = load_trace(path, count, seed=ns.seed)
+            workload = trace_workload(path, count, seed=ns.seed)
         else:
             return fail(
                 f"--dataset must be sharegpt[:PATH], synthetic or trace:PATH: {ns.dataset!r}"

@@ -21,8 +21,8 @@ from typing import Any, Literal
 
 import aiohttp
 
-from shunter.engine.loadgen.workload import RequestSpec
 from shunter.engine.sim.metrics import RequestRecord
+from shunter.engine.workload.requests import RequestSpec
 
 Endpoint = Literal["chat", "completions"]
 ENDPOINT_PATHS: dict[str, str] = {

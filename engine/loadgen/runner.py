@@ -24,7 +24,8 @@ import aiohttp
 from shunter.engine.loadgen.arrivals import ArrivalProcess
 from shunter.engine.loadgen.client import RequestResult, Target, send_request, trace_config
 from shunter.engine.loadgen.report import RateReport, Slo, build_report, csv_rows
-from shunter.engine.loadgen.workload import RequestSpec, TraceWorkload, Workload
+from shunter.engine.workload.requests import RequestSpec
+from shunter.engine.workload.sources import TraceWorkload, Workload
 
 # The schedule starts this long after the session is up, so setting up does not count
 # as timing error on the first requests.

@@ -54,7 +54,7 @@ from shunter.engine.sim.isolation import (
     targets_line,
 )
 from shunter.engine.sim.metrics import RequestRecord
-from shunter.engine.sim.workload import poisson_arrivals
+from shunter.engine.workload.arrivals import poisson_arrivals
 
 AGGRESSOR = "aggressor"
 # Variant -> (the engine's policy, remapping): vLLM is FCFS without remapping, Oneiros

@@ -206,7 +206,7 @@ def _arrivals(
     trace's own (its mean rate, up to its last arrival), refusing the knobs it replaces."""
     if ns.trace is None:
         return tuple(ns.rps or rates), 120.0 if ns.duration is None else ns.duration
-    from shunter.engine.sim.workload import load_trace, trace_window
+    from shunter.engine.workload.traces import load_trace, trace_window
 
     given = [
         flag

@@ -32,12 +32,9 @@ from shunter.engine.sim.report import LABEL
 from shunter.engine.sim.runner import SimConfig, SimRun, simulate
 from shunter.engine.sim.scenario import get_scenario
 from shunter.engine.sim.scenario_sweep import ScenarioSpec
-from shunter.engine.sim.workload import (
-    WorkloadRequest,
-    fixed_lengths,
-    sharegpt_like,
-    synthetic_workload,
-)
+from shunter.engine.workload.generate import synthetic_workload
+from shunter.engine.workload.lengths import fixed_lengths, sharegpt_like
+from shunter.engine.workload.requests import WorkloadRequest
 
 # The SLO classes every installation starts with: interactive 1,000 ms TTFT / 50 ms TBT,
 # batch 60,000 ms / 500 ms (migrations/platform/0002_seed_slo_classes.py), with

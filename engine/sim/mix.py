@@ -13,13 +13,10 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from shunter.engine.sim.workload import (
-    LengthSampler,
-    WorkloadRequest,
-    build_workload,
-    gamma_arrivals,
-    sharegpt_like,
-)
+from shunter.engine.workload.arrivals import gamma_arrivals
+from shunter.engine.workload.generate import build_workload
+from shunter.engine.workload.lengths import LengthSampler, sharegpt_like
+from shunter.engine.workload.requests import WorkloadRequest
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from shunter.engine.sim import report
 from shunter.engine.sim.report import LABEL, Column, Row
 from shunter.engine.sim.scenario_sweep import ScenarioSpec, scenario_rows
 from shunter.engine.sim.sweep import SweepSpec, sweep_rows
-from shunter.engine.sim.workload import get_workload
+from shunter.engine.workload.lengths import get_workload
 
 PAPERS = ("superinfer", "oneiros")
 

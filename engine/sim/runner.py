@@ -28,7 +28,7 @@ from shunter.engine.sim.metrics import RequestRecord
 from shunter.engine.sim.switch import SWITCH_S, SwitchCosts
 from shunter.engine.sim.transfers import SimulatedTransfers
 from shunter.engine.sim.weights import WeightStreams
-from shunter.engine.sim.workload import WorkloadRequest
+from shunter.engine.workload.requests import WorkloadRequest
 
 # The prefill a model runs first when it becomes active, for the prior of T_prefill:
 # prompts of this many tokens filling the step's token budget. Measured passes replace

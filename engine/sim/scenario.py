@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from shunter.engine.catalog import get_model
 from shunter.engine.config import ModelSpec
 from shunter.engine.sim.mix import ModelLoad, OnOff
-from shunter.engine.sim.workload import LengthSampler, sharegpt_like
+from shunter.engine.workload.lengths import LengthSampler, sharegpt_like
 
 SHARING = ("temporal", "spatial")
 

@@ -28,18 +28,11 @@ from shunter.engine.sim.mix import mixed_workload
 from shunter.engine.sim.runner import SimConfig, SimRun, simulate
 from shunter.engine.sim.scenario import VARIANTS, get_scenario
 from shunter.engine.sim.sweep import sweep_slo
-from shunter.engine.sim.workload import (
-    DEFAULT_ARRIVALS,
-    DEFAULT_WORKLOAD,
-    Arrivals,
-    WorkloadRequest,
-    generated_config,
-    generated_label,
-    get_workload,
-    lengths_from,
-    load_trace,
-    resolve_arrivals,
-)
+from shunter.engine.workload.arrivals import DEFAULT_ARRIVALS, Arrivals, resolve_arrivals
+from shunter.engine.workload.generate import generated_config, generated_label, lengths_from
+from shunter.engine.workload.lengths import DEFAULT_WORKLOAD, get_workload
+from shunter.engine.workload.requests import WorkloadRequest
+from shunter.engine.workload.traces import load_trace
 
 # A B_xfer given to a scenario is counted in SuperInfer's blocks: 16 tokens of
 # Qwen2.5-32B's KV, 4 MiB. A scenario's models have blocks of other sizes: they move as

@@ -16,21 +16,21 @@ from shunter.engine.sim.baselines import get_baseline
 from shunter.engine.sim.hardware import get_profile
 from shunter.engine.sim.metrics import summarize
 from shunter.engine.sim.runner import SimConfig, simulate
-from shunter.engine.sim.workload import (
+from shunter.engine.workload.arrivals import (
     DEFAULT_ARRIVALS,
-    DEFAULT_WORKLOAD,
     Arrivals,
-    LengthSampler,
-    WorkloadRequest,
-    build_workload,
     gamma_arrivals,
-    generated_config,
-    generated_label,
-    get_workload,
-    lengths_from,
-    load_trace,
     resolve_arrivals,
 )
+from shunter.engine.workload.generate import (
+    build_workload,
+    generated_config,
+    generated_label,
+    lengths_from,
+)
+from shunter.engine.workload.lengths import DEFAULT_WORKLOAD, LengthSampler, get_workload
+from shunter.engine.workload.requests import WorkloadRequest
+from shunter.engine.workload.traces import load_trace
 
 
 class SloKnobs(Protocol):

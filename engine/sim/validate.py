@@ -32,7 +32,8 @@ from shunter.engine.sim.hardware import GB, HardwareProfile, KiB, MiB, get_profi
 from shunter.engine.sim.report import LABEL
 from shunter.engine.sim.runner import SimRun, simulate
 from shunter.engine.sim.sweep import SweepSpec
-from shunter.engine.sim.workload import get_workload, synthetic_workload
+from shunter.engine.workload.generate import synthetic_workload
+from shunter.engine.workload.lengths import get_workload
 
 CALIBRATION = "calibration"
 HELD_OUT = "held-out"

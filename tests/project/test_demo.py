@@ -25,7 +25,8 @@ from typing import Any
 
 import pytest
 
-from shunter.engine.loadgen.workload import LengthDist, synthetic_prompt
+from shunter.engine.workload.sources import LengthDist
+from shunter.engine.workload.tokens import synthetic_prompt
 from shunter.project.demo import DEMO_LAYERS, LOAD, MODELS, EngineProcess, ensure_model_dirs
 from tests.conftest import REPO, VENV_BIN, free_port
 from tests.waiting import wait_for as wait_for_value

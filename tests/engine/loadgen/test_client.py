@@ -17,7 +17,7 @@ from aiohttp.test_utils import TestServer
 
 from shunter.engine.loadgen.client import RequestResult, Target, send_request, trace_config
 from shunter.engine.loadgen.runner import run_schedule
-from shunter.engine.loadgen.workload import RequestSpec
+from shunter.engine.workload.requests import RequestSpec
 from tests.conftest import free_port
 
 

@@ -16,13 +16,10 @@ from shunter.engine.loadgen.cli import SAMPLE_SHAREGPT
 from shunter.engine.loadgen.client import Target
 from shunter.engine.loadgen.report import Slo
 from shunter.engine.loadgen.runner import run_rate
-from shunter.engine.loadgen.workload import (
-    LengthDist,
-    SyntheticWorkload,
-    load_sharegpt,
-    load_trace,
-    token_counter,
-)
+from shunter.engine.workload.sharegpt import sharegpt_workload
+from shunter.engine.workload.sources import LengthDist, SyntheticWorkload
+from shunter.engine.workload.tokens import token_counter
+from shunter.engine.workload.traces import trace_workload
 from tests.engine.loadgen.conftest import ENGINE_MODEL, ENGINE_TOKEN
 
 pytestmark = pytest.mark.slow
@@ -119,7 +116,7 @@ def test_engine_chat_with_sharegpt_and_a_trace(
 ) -> None:
     target = Target(engine_url, ENGINE_MODEL, api_key=ENGINE_TOKEN, endpoint="chat")
     count = token_counter(tiny_llama)
-    sharegpt = load_sharegpt(SAMPLE_SHAREGPT, count)
+    sharegpt = sharegpt_workload(SAMPLE_SHAREGPT, count)
     result = run_rate(target, sharegpt, 10.0, num_requests=6, seed=2)
     assert result.report.completed == 6, result.report.error_counts
     expected = [s.output_len for s in sharegpt.draw(6, _seeded_after_arrivals(2, 6))]
@@ -139,7 +136,7 @@ def test_engine_chat_with_sharegpt_and_a_trace(
         )
     )
     replay = run_rate(
-        Target(engine_url, ENGINE_MODEL, api_key=ENGINE_TOKEN), load_trace(trace), None
+        Target(engine_url, ENGINE_MODEL, api_key=ENGINE_TOKEN), trace_workload(trace), None
     )
     assert replay.report.completed == 3 and replay.report.burstiness is None
     assert [r.t_scheduled for r in replay.requests] == pytest.approx([0.0, 0.1, 0.3])

@@ -4,7 +4,8 @@ from pathlib import Path
 import pytest
 
 from shunter.engine.sim.hardware import get_profile, profile_json
-from shunter.engine.sim.workload import WorkloadRequest, write_trace
+from shunter.engine.workload.requests import WorkloadRequest
+from shunter.engine.workload.traces import write_trace
 from shunter.project.cli import main
 
 

@@ -17,7 +17,9 @@ from shunter.engine.config import RemapConfig, SchedulerConfig, SloSpec, TenantS
 from shunter.engine.sim.hardware import GB, gh200
 from shunter.engine.sim.runner import SimConfig, simulate
 from shunter.engine.sim.scenario_sweep import ScenarioSpec
-from shunter.engine.sim.workload import WorkloadRequest, build_workload, poisson_arrivals
+from shunter.engine.workload.arrivals import poisson_arrivals
+from shunter.engine.workload.generate import build_workload
+from shunter.engine.workload.requests import WorkloadRequest
 
 SLO = SloSpec("default", ttft_s=5.0, tbt_s=0.1)
 MODELS = ("llama-3-8b", "mistral-7b", "opt-6.7b", "opt-13b", "llama-2-13b")

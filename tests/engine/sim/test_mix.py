@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shunter.engine.sim.mix import ModelLoad, OnOff, mixed_workload
-from shunter.engine.sim.workload import fixed_lengths
+from shunter.engine.workload.lengths import fixed_lengths
 
 
 def test_on_off_windows_and_on_time() -> None:

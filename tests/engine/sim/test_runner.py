@@ -11,13 +11,10 @@ from shunter.engine.sim.hardware import GB, gh200
 from shunter.engine.sim.metrics import summarize
 from shunter.engine.sim.runner import SimConfig, SimRun, link_xfer_blocks, simulate
 from shunter.engine.sim.scenario_sweep import ScenarioSpec
-from shunter.engine.sim.workload import (
-    WorkloadRequest,
-    build_workload,
-    fixed_lengths,
-    poisson_arrivals,
-    synthetic_workload,
-)
+from shunter.engine.workload.arrivals import poisson_arrivals
+from shunter.engine.workload.generate import build_workload, synthetic_workload
+from shunter.engine.workload.lengths import fixed_lengths
+from shunter.engine.workload.requests import WorkloadRequest
 
 POLICIES = ("fcfs", "wf", "sf", "lvf")
 SLO = SloSpec("default", ttft_s=5.0, tbt_s=0.1)
