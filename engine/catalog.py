@@ -3,10 +3,11 @@
 ``PUBLISHED`` holds public models, each as its published ``config.json`` describes it;
 ``shunter model init`` adds tiny presets that exercise every architecture feature the
 executor supports (GQA, llama3 and linear RoPE scaling, tied embeddings, qkv bias, Qwen3's
-q/k norms, Mixtral's experts, a sliding window shorter than a test's context) at sizes a CPU runs in
-milliseconds, and ``small-llama`` for CPU benchmarks. Everything else derives from these
-configs: the executor's presets (``PRESETS``, the families it builds) and the simulator's
-sizes (``CATALOG``, every model). Pure logic: no torch.
+q/k norms, Mixtral's and Qwen3-MoE's experts, a sliding window shorter than a test's
+context) at sizes a CPU runs in milliseconds, and ``small-llama`` for CPU benchmarks.
+Everything else derives from these configs: the executor's presets (``PRESETS``, the
+families it builds) and the simulator's sizes (``CATALOG``, every model). Pure logic: no
+torch.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ ARCHITECTURES = {
     "llama": "Llama",
     "qwen2": "Qwen2",
     "qwen3": "Qwen3",
+    "qwen3_moe": "Qwen3Moe",
     "mistral": "Mistral",
     "mixtral": "Mixtral",
 }
@@ -107,6 +109,20 @@ _BUILT: dict[str, dict[str, Any]] = {
         num_experts_per_tok=2,
         rope_theta=1000000.0,
         sliding_window=None,
+    ),
+    # Qwen3's attention and eight experts of another width than the dense MLP's.
+    "tiny-qwen3-moe": _tiny(
+        "qwen3_moe",
+        head_dim=32,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=48,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        rope_theta=1000000.0,
+        use_sliding_window=False,
+        attention_bias=False,
     ),
     "tiny-mistral": _tiny(
         "mistral",
@@ -243,6 +259,28 @@ PUBLISHED: dict[str, dict[str, Any]] = {
         num_hidden_layers=64,
         num_attention_heads=64,
         num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=40960,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        use_sliding_window=False,
+        attention_bias=False,
+    ),
+    # Qwen/Qwen3-30B-A3B: 30.5B parameters, 3.3B active per token.
+    "qwen3-30b-a3b": _config(
+        "qwen3_moe",
+        vocab_size=151936,
+        hidden_size=2048,
+        intermediate_size=6144,
+        moe_intermediate_size=768,
+        num_experts=128,
+        num_experts_per_tok=8,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        num_hidden_layers=48,
+        num_attention_heads=32,
+        num_key_value_heads=4,
         head_dim=128,
         max_position_embeddings=40960,
         rms_norm_eps=1e-6,

@@ -1,5 +1,5 @@
 """Architecture facts read from a Hugging Face ``config.json`` (Llama, Qwen2, Qwen3,
-Mistral, Mixtral).
+Qwen3-MoE, Mistral, Mixtral).
 
 Pure logic: no torch, so the control plane and the simulator can size a model from its
 directory without loading it. The executor builds its layers from :class:`ArchConfig`.
@@ -21,6 +21,12 @@ FAMILIES = {
     "mixtral": "mixtral",
     "qwen2": "qwen2",
     "qwen3": "qwen3",
+    "qwen3_moe": "qwen3_moe",
+}
+# The mixtures of experts: where the expert count and each expert's width are.
+MOE_FIELDS = {
+    "mixtral": ("num_local_experts", "intermediate_size"),
+    "qwen3_moe": ("num_experts", "moe_intermediate_size"),
 }
 ROPE_TYPES = ("default", "linear", "llama3")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -60,9 +66,10 @@ class ArchConfig:
     query and key (RMSNorm over ``head_dim``) before the rotary embedding.
     ``sliding_window`` (Mistral, Mixtral) limits attention to the last ``sliding_window``
     positions, the query's own included; ``None`` means full. ``num_experts`` > 0
-    (Mixtral) makes each MLP a mixture of that many SwiGLU experts, of which a router
-    picks ``experts_per_token`` per token, their outputs weighted by the router's softmax
-    over the chosen ones.
+    (Mixtral, Qwen3-MoE) makes each MLP a mixture of that many SwiGLU experts of width
+    ``intermediate_size``, of which a router picks ``experts_per_token`` per token, their
+    outputs weighted by the router's softmax (renormalized over the chosen ones with
+    ``renormalize``).
     """
 
     family: str
@@ -84,6 +91,7 @@ class ArchConfig:
     qk_norm: bool = False
     num_experts: int = 0
     experts_per_token: int = 0
+    renormalize: bool = True
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -105,7 +113,11 @@ class ArchConfig:
             raise ValueError(f"unsupported hidden_act {config['hidden_act']!r}; need silu")
         if config.get("mlp_bias", False):
             raise ValueError("mlp_bias is not supported")
-        if model_type in ("qwen2", "qwen3") and config.get("use_sliding_window", False):
+        if model_type == "qwen3_moe" and (
+            config.get("mlp_only_layers") or int(config.get("decoder_sparse_step", 1)) != 1
+        ):
+            raise ValueError("Qwen3-MoE with dense layers (mlp_only_layers) is not supported")
+        if model_type in ("qwen2", "qwen3", "qwen3_moe") and config.get("use_sliding_window"):
             raise ValueError(f"{model_type} use_sliding_window is not supported")
         num_heads = int(config["num_attention_heads"])
         attention_bias = model_type != "qwen2" and bool(config.get("attention_bias", False))
@@ -113,11 +125,12 @@ class ArchConfig:
         sliding_window = config.get("sliding_window") if windowed else None
         # transformers >= 5 writes "dtype", older versions "torch_dtype".
         dtype = config.get("dtype") or config.get("torch_dtype") or "float32"
+        experts_key, width_key = MOE_FIELDS.get(str(model_type), ("", "intermediate_size"))
         return cls(
             family=FAMILIES[model_type],
             vocab_size=int(config["vocab_size"]),
             hidden_size=int(config["hidden_size"]),
-            intermediate_size=int(config["intermediate_size"]),
+            intermediate_size=int(config[width_key]),
             num_layers=int(config["num_hidden_layers"]),
             num_heads=num_heads,
             num_kv_heads=int(config.get("num_key_value_heads") or num_heads),
@@ -130,9 +143,10 @@ class ArchConfig:
             o_bias=attention_bias,
             sliding_window=None if sliding_window is None else int(sliding_window),
             dtype=str(dtype),
-            qk_norm=model_type == "qwen3",
-            num_experts=int(config.get("num_local_experts", 0)) if model_type == "mixtral" else 0,
+            qk_norm=model_type in ("qwen3", "qwen3_moe"),
+            num_experts=int(config.get(experts_key, 0)) if experts_key else 0,
             experts_per_token=int(config.get("num_experts_per_tok", 0)),
+            renormalize=bool(config.get("norm_topk_prob", True)),
         )
 
     @property

@@ -152,16 +152,20 @@ def load_host_weights(
 
         def mlp(p: str) -> dict[str, torch.Tensor]:
             """The MLP's tensors: a dense one's, or a mixture's router and stacked experts
-            (Mixtral's names: ``w1`` gate, ``w3`` up, ``w2`` down)."""
+            (Mixtral names them ``block_sparse_moe.experts.E.w1`` gate, ``w3`` up, ``w2``
+            down; Qwen3-MoE ``mlp.experts.E.gate_proj``, ``up_proj``, ``down_proj``)."""
             if not arch.num_experts:
                 return {
                     "gate_up": read(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
                     "down": read(p + "mlp.down_proj.weight"),
                 }
-            moe, ff, d = p + "block_sparse_moe.", arch.intermediate_size, arch.hidden_size
+            ff, d = arch.intermediate_size, arch.hidden_size
+            moe, (gate, up, down_name) = p + "mlp.", ("gate_proj", "up_proj", "down_proj")
+            if arch.family == "mixtral":
+                moe, (gate, up, down_name) = p + "block_sparse_moe.", ("w1", "w3", "w2")
             experts = [moe + f"experts.{e}." for e in range(arch.num_experts)]
-            gate_up = read(*(e + w for e in experts for w in ("w1.weight", "w3.weight")))
-            down = read(*(e + "w2.weight" for e in experts))
+            gate_up = read(*(e + f"{w}.weight" for e in experts for w in (gate, up)))
+            down = read(*(e + f"{down_name}.weight" for e in experts))
             return {
                 "gate_up": gate_up.view(arch.num_experts, 2 * ff, d),
                 "down": down.view(arch.num_experts, d, ff),

@@ -129,12 +129,16 @@ class Transformer:
 
     def _experts(self, x: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
         """A mixture of SwiGLU experts: the router's softmax (float32) over every expert,
-        the top ``experts_per_token`` kept and renormalized, and each token's output the
-        weighted sum of its experts' (as ``transformers``' Mixtral computes it)."""
+        the top ``experts_per_token`` kept (and renormalized), and each token's output the
+        weighted sum of its experts' (as ``transformers``' Mixtral and Qwen3-MoE compute
+        it)."""
         assert layer.router is not None
         probs = torch.softmax(F.linear(x, layer.router).float(), dim=-1)
         weights, chosen = torch.topk(probs, self.arch.experts_per_token, dim=-1)
-        weights = weights / weights.sum(dim=-1, keepdim=True)
+        if self.arch.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        if self.arch.family == "qwen3_moe":
+            weights = weights.to(x.dtype)  # Qwen3-MoE weighs in the model's dtype
         out = torch.zeros_like(x)
         for expert in torch.unique(chosen).tolist():
             tokens, slot = torch.where(chosen == expert)

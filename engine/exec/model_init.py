@@ -46,7 +46,7 @@ def init_model_dir(
     tokens = write_tokenizer(
         out,
         max_vocab=arch.vocab_size,
-        add_bos=arch.family not in ("qwen2", "qwen3"),
+        add_bos=arch.family not in ("qwen2", "qwen3", "qwen3_moe"),
         model_max_length=arch.max_position_embeddings,
     )
     config = {**config, "bos_token_id": tokens.bos_id, "eos_token_id": tokens.eos_ids[0]}
@@ -83,12 +83,13 @@ def parameter_shapes(arch: ArchConfig) -> dict[str, tuple[int, ...]]:
             shapes[p + "self_attn.o_proj.bias"] = (d,)
         shapes[p + "post_attention_layernorm.weight"] = (d,)
         if arch.num_experts:
-            moe = p + "block_sparse_moe."
+            moe, names = p + "mlp.", ("gate_proj", "up_proj", "down_proj")
+            if arch.family == "mixtral":
+                moe, names = p + "block_sparse_moe.", ("w1", "w3", "w2")
             shapes[moe + "gate.weight"] = (arch.num_experts, d)
             for e in range(arch.num_experts):
-                shapes[moe + f"experts.{e}.w1.weight"] = (ff, d)
-                shapes[moe + f"experts.{e}.w2.weight"] = (d, ff)
-                shapes[moe + f"experts.{e}.w3.weight"] = (ff, d)
+                gate, up, down = (f"{moe}experts.{e}.{n}.weight" for n in names)
+                shapes[gate], shapes[up], shapes[down] = (ff, d), (ff, d), (d, ff)
             continue
         shapes[p + "mlp.gate_proj.weight"] = (ff, d)
         shapes[p + "mlp.up_proj.weight"] = (ff, d)

@@ -20,7 +20,7 @@ from shunter.engine.exec.model_init import init_model_dir, preset_config
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
-TINY = ("tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-mistral", "tiny-mixtral")
+TINY = ("tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-mistral", "tiny-mixtral", "tiny-qwen3-moe")
 CPU = torch.device("cpu")
 
 

@@ -19,6 +19,7 @@ HF_CLASSES = {
     "tiny-qwen2": "Qwen2ForCausalLM",
     "tiny-qwen3": "Qwen3ForCausalLM",
     "tiny-mixtral": "MixtralForCausalLM",
+    "tiny-qwen3-moe": "Qwen3MoeForCausalLM",
     "tiny-mistral": "MistralForCausalLM",
 }
 ATOL = 1e-4

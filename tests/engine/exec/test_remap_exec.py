@@ -185,8 +185,8 @@ def test_remapping_rotation_and_a_tight_arena_keep_every_token(
     assert engine.totals.remapped_layers_max >= 4
 
 
-@pytest.mark.parametrize("preset", ["tiny-qwen3", "tiny-mixtral"])
-def test_qwen3_and_mixtral_under_rotation_and_remapping_keep_every_token(
+@pytest.mark.parametrize("preset", ["tiny-qwen3", "tiny-mixtral", "tiny-qwen3-moe"])
+def test_qwen3_and_moe_models_under_rotation_and_remapping_keep_every_token(
     preset: str, tmp_path: Path
 ) -> None:
     """Qwen3's q/k norms and Mixtral's router and experts travel with their layers:
