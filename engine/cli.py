@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from shunter.engine.benchfigure import add_json_argument  # standard library only
-from shunter.engine.exec.cli import print_report  # argparse only
+from shunter.engine.cliargs import comma_ints, comma_names, print_report  # argparse only
 
 
 def register(
@@ -29,7 +27,8 @@ def register(
         add_bench_remap_exec_parser,
     )
     from shunter.engine.calibrate.cli import add_calibrate_parser
-    from shunter.engine.exec.cli import add_generate_parser
+    from shunter.engine.checkpoint.cli import add_model_parser
+    from shunter.engine.generate.cli import add_generate_parser
     from shunter.engine.loadgen.cli import add_bench_parsers as add_loadgen_parsers
     from shunter.engine.server.cli import add_bench_server_parser, add_engine_parser
     from shunter.engine.sim.cli import add_bench_simulator_parser, add_simulate_parser
@@ -54,7 +53,7 @@ def register(
     add_bench_kernels_parser(benches)
     add_loadgen_parsers(benches)
     _add_bench_check_parser(benches)
-    _add_model_commands(sub)
+    add_model_parser(sub)
     add_generate_parser(sub)
     add_engine_parser(sub)
     add_calibrate_parser(sub)
@@ -70,7 +69,7 @@ def _add_bench_scheduler_parser(benches: argparse._SubParsersAction[Any]) -> Non
     )
     p.add_argument(
         "--live",
-        type=lambda text: tuple(int(v) for v in text.split(",")),
+        type=comma_ints,
         default=(256, 1024, 4096),
         help="comma list of live request counts (default 256,1024,4096)",
     )
@@ -124,7 +123,7 @@ def _add_bench_check_parser(benches: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument(
         "--only",
-        type=lambda text: [v.strip() for v in text.split(",") if v.strip()],
+        type=comma_names,
         default=names,
         metavar="NAME,NAME",
         help=f"benchmarks to run (default all: {','.join(names)})",
@@ -195,13 +194,13 @@ def _add_bench_isolation_parser(benches: argparse._SubParsersAction[Any]) -> Non
     )
     p.add_argument(
         "--variants",
-        type=_names,
+        type=comma_names,
         metavar="NAME,NAME",
         help="with --on: the variants (default vllm,lvf,lvf+,oneiros,combined,combined+)",
     )
     p.add_argument(
         "--scenario",
-        type=_names,
+        type=comma_names,
         metavar="c1,c2",
         help="on sim: the paper's scenarios (default c1,c2)",
     )
@@ -221,10 +220,6 @@ def _add_bench_isolation_parser(benches: argparse._SubParsersAction[Any]) -> Non
     )
     add_json_argument(p)
     p.set_defaults(func=cmd_bench_isolation)
-
-
-def _names(text: str) -> tuple[str, ...]:
-    return tuple(v.strip() for v in text.split(",") if v.strip())
 
 
 def cmd_bench_isolation(ns: argparse.Namespace) -> int:
@@ -289,44 +284,3 @@ def cmd_bench_isolation(ns: argparse.Namespace) -> int:
         print(f"shunter bench isolation: {e}", file=sys.stderr)
         return 2
     return print_report(chain.from_iterable(reports), ns.json)
-
-
-def _add_model_commands(sub: argparse._SubParsersAction[Any]) -> None:
-    from shunter.engine.catalog import DEFAULT_SHARD_BYTES, PRESETS  # no torch
-
-    model = sub.add_parser("model", help="model directories in Hugging Face format")
-    actions = model.add_subparsers(dest="model_command", metavar="ACTION", required=True)
-    init = actions.add_parser(
-        "init", help="write a model directory with random weights and a local tokenizer"
-    )
-    source = init.add_mutually_exclusive_group(required=True)
-    source.add_argument("--preset", choices=sorted(PRESETS), help="a built-in architecture")
-    source.add_argument("--config", type=Path, help="a Hugging Face config.json to follow")
-    init.add_argument("--out", type=Path, required=True, help="directory to write (new or empty)")
-    init.add_argument("--seed", type=int, default=0, help="seed of the weights (default 0)")
-    init.add_argument(
-        "--layers",
-        type=int,
-        help="decoder layers instead of the config's (num_hidden_layers)",
-    )
-    init.add_argument(
-        "--shard-bytes",
-        type=int,
-        default=DEFAULT_SHARD_BYTES,
-        help=f"largest safetensors file before sharding (default {DEFAULT_SHARD_BYTES})",
-    )
-    init.set_defaults(func=cmd_model_init)
-
-
-def cmd_model_init(ns: argparse.Namespace) -> int:
-    from shunter.engine.exec.model_init import init_model_dir, preset_config
-
-    config = preset_config(ns.preset) if ns.preset else json.loads(ns.config.read_text())
-    if ns.layers is not None:
-        if ns.layers < 1:
-            print("shunter model init: --layers must be at least 1", file=sys.stderr)
-            return 2
-        config["num_hidden_layers"] = ns.layers
-    out = init_model_dir(ns.out, config=config, seed=ns.seed, max_shard_bytes=ns.shard_bytes)
-    print(f"wrote {out}")
-    return 0

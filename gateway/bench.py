@@ -99,7 +99,7 @@ def bench_gateway(
 def bench_platform(model_dir: Path | None, *, embedded: bool) -> Iterator[tuple[Platform, Path]]:
     """A throwaway platform (``embedded``, else the production path) and the model to
     serve: ``model_dir``, else tiny-llama with random weights, both gone after the run."""
-    from shunter.engine.exec.model_init import init_model_dir, preset_config
+    from shunter.engine.checkpoint.random_weights import init_model_dir, preset_config
 
     platform = embedded_platform if embedded else production_platform
     with (

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from shunter.engine.benchfigure import add_json_argument  # standard library only
-from shunter.engine.exec.cli import add_bench_arguments, print_report  # argparse only
+from shunter.engine.cliargs import add_bench_arguments, print_report  # argparse only
 
 
 def add_bench_gateway_parser(benches: argparse._SubParsersAction[Any]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from shunter.engine.exec.cli import add_bench_arguments, positive_int, print_report
+from shunter.engine.cliargs import add_bench_arguments, comma_ints, positive_int, print_report
 
 
 def add_bench_executor_parser(benches: argparse._SubParsersAction[Any]) -> None:
@@ -58,7 +58,7 @@ def add_bench_remap_exec_parser(benches: argparse._SubParsersAction[Any]) -> Non
     add_bench_arguments(p, preset="small-llama", rounds=3, device=True)
     p.add_argument(
         "--lent",
-        type=lambda text: tuple(int(v) for v in text.split(",")),
+        type=comma_ints,
         default=(1, 2, 4),
         metavar="K,K",
         help="lent layer counts to time (default 1,2,4)",

@@ -23,11 +23,11 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer
 
+from shunter.engine.checkpoint.random_weights import init_model_dir, preset_config
 from shunter.engine.exec.detok import token_bytes
 from shunter.engine.exec.hf_config import eos_token_ids, read_config
 from shunter.engine.exec.loader import load_model
 from shunter.engine.exec.model import Transformer, kv_block_shape
-from shunter.engine.exec.model_init import init_model_dir, preset_config
 from shunter.engine.exec.params import SamplingParams
 from shunter.engine.exec.serving import TorchEngine, model_specs
 from shunter.engine.exec.sizing import BLOCK_TOKENS, KVNeed, serving_config

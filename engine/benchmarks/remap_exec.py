@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
+from shunter.engine.checkpoint.random_weights import init_model_dir, preset_config
 from shunter.engine.config import RemapConfig
 from shunter.engine.exec.forced_remap import ForcedRemap
-from shunter.engine.exec.model_init import init_model_dir, preset_config
 from shunter.engine.exec.params import SamplingParams
 from shunter.engine.exec.serving import TorchEngine, model_specs
 from shunter.engine.exec.sizing import KVNeed, serving_config

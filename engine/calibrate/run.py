@@ -170,8 +170,8 @@ def run_calibrate(
     *, device_name: str | None, models: Sequence[str | Path], out: Path, quick: bool, say: Say
 ) -> dict[str, Any]:
     """Check the arguments, calibrate, write the profile to ``out`` and return it."""
-    from shunter.engine.exec.generate import available_device
-    from shunter.engine.exec.generate_input import GenerateError
+    from shunter.engine.generate.inputs import GenerateError
+    from shunter.engine.generate.run import available_device
 
     check_out(out)
     dirs = model_dirs(models)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from shunter.engine.config import EngineConfig, ModelSpec, RemapConfig, RotationConfig
-from shunter.engine.exec.generate_input import GenerateError
+from shunter.engine.generate.inputs import GenerateError
 from shunter.engine.memory.kv_memory import KVMemory
 from shunter.engine.memory.weights import pages_for
 

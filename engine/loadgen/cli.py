@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from shunter.engine.benchfigure import add_json_argument  # standard library only
+from shunter.engine.cliargs import comma_rates, positive_float, positive_int, print_report
 
 SAMPLE_SHAREGPT = Path(__file__).resolve().parent / "data" / "sample_sharegpt.json"
 
@@ -21,31 +22,6 @@ def add_bench_parsers(benches: argparse._SubParsersAction[Any]) -> None:
     """Add ``serve`` and ``loadgen`` to ``shunter bench``."""
     _add_serve_parser(benches)
     _add_loadgen_parser(benches)
-
-
-def _rates(text: str) -> list[float]:
-    try:
-        rates = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected rates such as 1,2,4,8 or inf: {text!r}"
-        ) from None
-    if not rates or any(not r > 0 for r in rates):
-        raise argparse.ArgumentTypeError(f"rates must be positive: {text!r}")
-    return rates
-
-
-def _positive(kind: type[int] | type[float]) -> Any:
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number: {text!r}") from None
-        if not value > 0 or not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"expected a positive number: {text!r}")
-        return value
-
-    return parse
 
 
 def _length(text: str) -> Any:
@@ -79,21 +55,21 @@ def _add_serve_parser(benches: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--endpoint", choices=("chat", "completions"), default="completions")
     p.add_argument(
         "--rps",
-        type=_rates,
+        type=comma_rates,
         help="comma list of request rates, e.g. 1,2,4,8 ('inf': all at once); "
         "for a trace, optional: its times are scaled to each rate",
     )
     amount = p.add_mutually_exclusive_group()
-    amount.add_argument("--duration", type=_positive(float), help="seconds of arrivals per rate")
-    amount.add_argument("--num-requests", type=_positive(int), help="requests per rate")
+    amount.add_argument("--duration", type=positive_float, help="seconds of arrivals per rate")
+    amount.add_argument("--num-requests", type=positive_int, help="requests per rate")
     p.add_argument(
         "--burstiness",
-        type=_positive(float),
+        type=positive_float,
         default=1.0,
         help="gamma shape of the gaps between arrivals: 1 is Poisson (default), "
         "below 1 burstier, above 1 smoother",
     )
-    p.add_argument("--max-concurrency", type=_positive(int), help="cap on requests in flight")
+    p.add_argument("--max-concurrency", type=positive_int, help="cap on requests in flight")
     p.add_argument("--seed", type=int, default=0, help="seed of arrivals and sampling (default 0)")
     p.add_argument(
         "--dataset",
@@ -119,11 +95,11 @@ def _add_serve_parser(benches: argparse._SubParsersAction[Any]) -> None:
         help="model directory whose tokenizer.json measures prompt and reply lengths "
         "(default: about four characters per token)",
     )
-    p.add_argument("--ttft-slo-ms", type=_positive(float), default=5000.0, help="default 5000")
-    p.add_argument("--tpot-slo-ms", type=_positive(float), default=100.0, help="default 100")
+    p.add_argument("--ttft-slo-ms", type=positive_float, default=5000.0, help="default 5000")
+    p.add_argument("--tpot-slo-ms", type=positive_float, default=100.0, help="default 100")
     p.add_argument(
         "--request-timeout",
-        type=_positive(float),
+        type=positive_float,
         default=600.0,
         help="seconds a response may stay silent before it counts as failed (default 600)",
     )
@@ -249,9 +225,9 @@ def _add_loadgen_parser(benches: argparse._SubParsersAction[Any]) -> None:
         "error (headers sent minus scheduled time) percentiles. Targets: >= 200 req/s with "
         "64 tokens per response, timing error P99 <= 5 ms.",
     )
-    p.add_argument("--rps", type=_positive(float), default=200.0, help="default 200")
-    p.add_argument("--duration", type=_positive(float), default=20.0, help="seconds (default 20)")
-    p.add_argument("--tokens", type=_positive(int), default=64, help="per response (default 64)")
+    p.add_argument("--rps", type=positive_float, default=200.0, help="default 200")
+    p.add_argument("--duration", type=positive_float, default=20.0, help="seconds (default 20)")
+    p.add_argument("--tokens", type=positive_int, default=64, help="per response (default 64)")
     p.add_argument("--itl-ms", type=float, default=10.0, help="fixture step, ms (default 10)")
     p.add_argument("--seed", type=int, default=0)
     add_json_argument(p)
@@ -259,7 +235,6 @@ def _add_loadgen_parser(benches: argparse._SubParsersAction[Any]) -> None:
 
 
 def cmd_bench_loadgen(ns: argparse.Namespace) -> int:
-    from shunter.engine.exec.cli import print_report
     from shunter.engine.loadgen.bench import bench_loadgen
 
     report = bench_loadgen(

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from shunter.engine.exec.model_init import init_model_dir, preset_config
+from shunter.engine.checkpoint.random_weights import init_model_dir, preset_config
 from shunter.engine.exec.params import SamplingParams
 from shunter.engine.exec.serving import TorchEngine
 from shunter.engine.loadgen.engine_process import (

@@ -33,7 +33,7 @@ import aiohttp
 import torch
 
 from shunter.engine.benchfigure import BenchFigure, ReportItem
-from shunter.engine.exec.model_init import init_model_dir, preset_config
+from shunter.engine.checkpoint.random_weights import init_model_dir, preset_config
 from shunter.engine.loadgen.engine_process import (
     MODEL,
     PRESET,

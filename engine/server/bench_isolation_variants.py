@@ -31,8 +31,8 @@ import torch
 
 from shunter.engine.api.headers import SLO_HEADER, TENANT_HEADER, slo_to_header
 from shunter.engine.benchfigure import ReportItem
+from shunter.engine.checkpoint.random_weights import init_model_dir, preset_config
 from shunter.engine.config import SloSpec, default_step_target_s
-from shunter.engine.exec.model_init import init_model_dir, preset_config
 from shunter.engine.loadgen.engine_process import (
     MODEL,
     PRESET,

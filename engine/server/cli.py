@@ -8,7 +8,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from shunter.engine.exec.cli import add_bench_arguments, byte_count, print_report  # argparse only
+from shunter.engine.cliargs import (  # argparse only
+    add_bench_arguments,
+    byte_count,
+    comma_ints,
+    print_report,
+)
 
 TOKEN_ENV = "SHUNTER_ENGINE_TOKEN"
 # What anyone who reaches the port may use when the engine runs without a token.
@@ -95,8 +100,8 @@ def cmd_engine(ns: argparse.Namespace) -> int:
 
     from aiohttp import web
 
-    from shunter.engine.exec.generate import available_device
-    from shunter.engine.exec.generate_input import GenerateError
+    from shunter.engine.generate.inputs import GenerateError
+    from shunter.engine.generate.run import available_device
     from shunter.engine.server.app import build_app
     from shunter.engine.server.serve import build_state
     from shunter.engine.server.settings import SettingsError, check_model_dirs, load_settings
@@ -198,7 +203,7 @@ def add_bench_server_parser(benches: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument(
         "--streams",
-        type=lambda text: tuple(int(v) for v in text.split(",")),
+        type=comma_ints,
         default=(1, 32),
         help="comma list of concurrent streams (default 1,32)",
     )

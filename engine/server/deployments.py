@@ -36,8 +36,8 @@ from aiohttp import web
 
 from shunter.engine.api.deployments import DEPLOYMENT_KEYS
 from shunter.engine.api.errors import ApiError, bad_request
-from shunter.engine.exec.generate_input import GenerateError
 from shunter.engine.exec.serving import model_specs
+from shunter.engine.generate.inputs import GenerateError
 from shunter.engine.memory.kv_memory import NoRoom
 from shunter.engine.server.context import STATE, ServerState
 from shunter.engine.server.models import load_served_model

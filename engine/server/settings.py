@@ -15,8 +15,8 @@ from typing import Any
 
 from shunter.engine.api.deployments import MODEL_KEYS, SLO_KEYS
 from shunter.engine.api.protocol import MAX_SEQUENCES
+from shunter.engine.cliargs import byte_count
 from shunter.engine.config import CAPACITY_SOURCES, POLICIES, RemapConfig, SloSpec
-from shunter.engine.exec.cli import byte_count
 from shunter.engine.server.models import ModelArg, parse_model_arg
 
 DEFAULT_KV_TOKENS = 65536

@@ -10,25 +10,10 @@ import argparse
 import sys
 from typing import Any
 
+from shunter.engine.cliargs import comma_names, comma_rates
 from shunter.engine.config import CAPACITY_SOURCES, POLICIES, SchedulerConfig
 
 DEFAULTS = SchedulerConfig()
-
-
-def _floats(text: str) -> list[float]:
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected numbers separated by commas: {text!r}"
-        ) from None
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive numbers: {text!r}")
-    return values
-
-
-def _names(text: str) -> list[str]:
-    return [v.strip() for v in text.split(",") if v.strip()]
 
 
 def add_simulate_parser(sub: argparse._SubParsersAction[Any]) -> None:
@@ -47,14 +32,14 @@ def add_simulate_parser(sub: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument(
         "--policy",
-        type=_names,
+        type=comma_names,
         default=["lvf", "fcfs", "wf", "sf"],
         help=f"comma list of policies ({', '.join(POLICIES)}) and baselines (vllm: vLLM 0.6.6's "
         "V1 engine, recompute preemption; superinfer: LVF with SuperInfer's settings)",
     )
     p.add_argument(
         "--rps",
-        type=_floats,
+        type=comma_rates,
         help="comma list, req/s (default 4,8,12,16,20; with --scenario, per model while it "
         "receives requests, default 2,4,8,16)",
     )
@@ -145,13 +130,13 @@ def add_simulate_parser(sub: argparse._SubParsersAction[Any]) -> None:
     t.add_argument("--scenario", choices=["c1", "c2"], help="c1 or c2 (Oneiros Table 1)")
     t.add_argument(
         "--sharing",
-        type=_names,
+        type=comma_names,
         default=["temporal"],
         help="temporal and/or spatial, comma list (default temporal)",
     )
     t.add_argument(
         "--variant",
-        type=_names,
+        type=comma_names,
         default=["none", "oneiros", "rotasched", "combined"],
         help="comma list of none, oneiros, rotasched, combined (default those four), and "
         "rotasched+, combined+ (the same two with lvf+)",
@@ -165,7 +150,7 @@ def add_simulate_parser(sub: argparse._SubParsersAction[Any]) -> None:
     t.add_argument("--remap-cap", type=float, default=0.5, help="most of a model's layers remapped")
     t.add_argument(
         "--capacity-order",
-        type=lambda text: tuple(_names(text)),
+        type=comma_names,
         default=CAPACITY_SOURCES,
         help="order memory is taken in (default " + ",".join(CAPACITY_SOURCES) + ")",
     )
@@ -307,7 +292,7 @@ def add_bench_simulator_parser(bench_sub: argparse._SubParsersAction[Any]) -> No
     )
     p.add_argument("--rps", type=float, default=20.0)
     p.add_argument("--duration", type=float, default=120.0)
-    p.add_argument("--policy", type=_names, default=["lvf", "fcfs", "wf", "sf"])
+    p.add_argument("--policy", type=comma_names, default=["lvf", "fcfs", "wf", "sf"])
     p.set_defaults(func=cmd_bench_simulator)
 
 

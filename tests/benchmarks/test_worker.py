@@ -40,7 +40,7 @@ from shunter.benchmarks.services import (
 )
 from shunter.benchmarks.stopwatch import STOP_POLL_S
 from shunter.benchmarks.targets import BENCHMARK_TENANT
-from shunter.engine.exec.model_init import init_model_dir, preset_config
+from shunter.engine.checkpoint.random_weights import init_model_dir, preset_config
 from shunter.platform.models import BenchmarkJob, BenchmarkRun, Deployment, Model, Node, SloClass
 from shunter.tenants.models import ApiKey, RequestRecord
 from tests import waiting

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from django.db import connections
 
-from shunter.engine.exec.model_init import init_model_dir, preset_config
+from shunter.engine.checkpoint.random_weights import init_model_dir, preset_config
 from shunter.platform.models import SloClass
 from shunter.platform.services import deployment_create, model_create, node_poll
 from shunter.tenants.services import tenant_create

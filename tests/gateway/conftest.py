@@ -25,7 +25,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from shunter.engine.exec.model_init import init_model_dir, preset_config
+from shunter.engine.checkpoint.random_weights import init_model_dir, preset_config
 from shunter.platform.models import Deployment, Model, Node, SloClass
 from shunter.tenants.models import ApiKey, RequestRecord, Tenant
 from shunter.tenants.services import api_key_create, tenant_create

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from shunter.engine.checkpoint.random_weights import init_model_dir, preset_config
 from shunter.engine.exec.batch import ForwardBatch, SequenceChunk
 from shunter.engine.exec.loader import load_model
 from shunter.engine.exec.model import Transformer, kv_block_shape
-from shunter.engine.exec.model_init import init_model_dir, preset_config
 from shunter.kernels import kv_blocks, ops
 from shunter.kernels import paged_attention as reference
 from tests.kernels.triton_cases import DEVICE, LAYER, cuda_only, needs_triton, paged_batch

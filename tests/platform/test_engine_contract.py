@@ -26,8 +26,8 @@ import torch
 from shunter.console.memory_map import memory_map
 from shunter.console.selectors import node_view
 from shunter.engine.api.headers import slo_from_header
+from shunter.engine.checkpoint.random_weights import init_model_dir, preset_config
 from shunter.engine.config import SloSpec
-from shunter.engine.exec.model_init import init_model_dir, preset_config
 from shunter.engine.server.background import BackgroundServer
 from shunter.engine.server.models import ModelArg
 from shunter.engine.server.serve import build_state, engine_config

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from shunter.engine.exec.model_init import init_model_dir, preset_config
+from shunter.engine.checkpoint.random_weights import init_model_dir, preset_config
 from shunter.platform.models import Deployment, Model, Node
 from shunter.platform.services import node_poll, node_reconcile
 from shunter.project.management.commands.seed_demo import seed_demo

@@ -13,9 +13,9 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.test import TestCase
 
+from shunter.engine.checkpoint.random_weights import preset_config
 from shunter.engine.config import RemapConfig
 from shunter.engine.exec.hf_config import model_spec_from_config
-from shunter.engine.exec.model_init import preset_config
 from shunter.platform import selectors, services
 from shunter.platform.models import Deployment, Node, SloClass
 from shunter.platform.services import (

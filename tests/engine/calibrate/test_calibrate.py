@@ -18,8 +18,8 @@ import torch
 from shunter.engine.calibrate.layers import Shape, measure_model
 from shunter.engine.calibrate.profile import timing_priors
 from shunter.engine.catalog import CATALOG
+from shunter.engine.checkpoint.random_weights import init_model_dir, preset_config
 from shunter.engine.exec.hf_config import model_spec_from_config, read_config
-from shunter.engine.exec.model_init import init_model_dir, preset_config
 from shunter.engine.sim.hardware import ASSUMED_STEP_OVERHEAD_S, get_profile, load_profile
 from shunter.project.cli import build_parser, main
 

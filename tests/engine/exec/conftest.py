@@ -11,10 +11,10 @@ import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
+from shunter.engine.checkpoint.random_weights import init_model_dir, preset_config
 from shunter.engine.exec.batch import ForwardBatch, SequenceChunk
 from shunter.engine.exec.loader import load_model
 from shunter.engine.exec.model import Transformer, kv_block_shape
-from shunter.engine.exec.model_init import init_model_dir, preset_config
 
 # Everything loads from local directories; a test must never reach a hub.
 os.environ["HF_HUB_OFFLINE"] = "1"

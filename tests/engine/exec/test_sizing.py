@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from shunter.engine.exec.generate_input import GenerateError
 from shunter.engine.exec.serving import model_specs
 from shunter.engine.exec.sizing import (
     BLOCK_TOKENS,
@@ -15,6 +14,7 @@ from shunter.engine.exec.sizing import (
     host_ram_bytes,
     serving_config,
 )
+from shunter.engine.generate.inputs import GenerateError
 
 
 def test_host_swap_space_given_or_holding_every_need(tiny_dirs: dict[str, Path]) -> None:

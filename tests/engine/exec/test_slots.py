@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from shunter.engine.checkpoint.random_weights import init_model_dir, preset_config
 from shunter.engine.exec.arena import DeviceArena
 from shunter.engine.exec.batch import ForwardBatch, SequenceChunk
 from shunter.engine.exec.hf_config import ArchConfig, read_config
 from shunter.engine.exec.loader import LayerWeights, load_host_weights
 from shunter.engine.exec.model import Transformer, kv_block_shape
-from shunter.engine.exec.model_init import init_model_dir, preset_config
 from shunter.engine.exec.packing import LayerPacking, PackedLayers, pack_layers
 from shunter.engine.exec.slots import CopyStream, WeightFrames, measure_timing
 from shunter.engine.memory.weights import WeightLayout, pages_for

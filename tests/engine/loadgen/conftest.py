@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from shunter.engine.exec.model_init import init_model_dir, preset_config
+from shunter.engine.checkpoint.random_weights import init_model_dir, preset_config
 from shunter.engine.loadgen.engine_process import engine_command
 from shunter.engine.loadgen.sse_fixture import fixture_process
 from tests.conftest import free_port

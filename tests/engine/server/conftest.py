@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from shunter.engine.exec.model_init import init_model_dir, preset_config
+from shunter.engine.checkpoint.random_weights import init_model_dir, preset_config
 from shunter.engine.server.background import BackgroundServer
 from shunter.engine.server.models import ModelArg
 from shunter.engine.server.serve import build_state

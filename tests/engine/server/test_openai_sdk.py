@@ -11,9 +11,9 @@ import openai
 import pytest
 import torch
 
-from shunter.engine.exec.generate import GenerateOptions, run_generate
-from shunter.engine.exec.generate_input import GenerateRequest
 from shunter.engine.exec.params import SamplingParams
+from shunter.engine.generate.inputs import GenerateRequest
+from shunter.engine.generate.run import GenerateOptions, run_generate
 from tests.engine.server.conftest import TOKEN, ServerThread, assert_no_leaks
 
 PROMPT = "The yard has a hump"

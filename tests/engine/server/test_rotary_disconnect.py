@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 import torch
 
-from shunter.engine.exec.model_init import init_model_dir, preset_config
+from shunter.engine.checkpoint.random_weights import init_model_dir, preset_config
 from shunter.engine.server.models import ModelArg
 from shunter.engine.server.serve import build_state
 from shunter.engine.server.settings import EngineSettings

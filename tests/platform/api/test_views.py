@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from shunter.engine.exec.model_init import preset_config
+from shunter.engine.checkpoint.random_weights import preset_config
 from shunter.platform.models import Node
 from shunter.tenants.models import UsageRollup
 from tests.platform.api.crud import CrudTests, HttpsApiClient, staff_client

@@ -23,7 +23,10 @@ from tokenizers import Tokenizer
 from shunter.engine.config import ModelSpec
 from shunter.engine.exec.detok import token_speller
 from shunter.engine.exec.forced_remap import forced_layers
-from shunter.engine.exec.generate_input import (
+from shunter.engine.exec.params import SamplingParams
+from shunter.engine.exec.serving import NoProgressError, TorchEngine, model_specs
+from shunter.engine.exec.sizing import KVNeed, serving_config
+from shunter.engine.generate.inputs import (
     GenerateError,
     GenerateRequest,
     check_model_dirs,
@@ -31,9 +34,6 @@ from shunter.engine.exec.generate_input import (
     prompt_requests,
     read_requests,
 )
-from shunter.engine.exec.params import SamplingParams
-from shunter.engine.exec.serving import NoProgressError, TorchEngine, model_specs
-from shunter.engine.exec.sizing import KVNeed, serving_config
 
 
 @dataclass(frozen=True)
@@ -214,7 +214,7 @@ def available_device(name: str | None) -> torch.device:
 
 
 def generate_from_args(ns: argparse.Namespace, *, check_integrity: bool = False) -> GenerateResult:
-    """Run ``shunter generate`` for its parsed arguments (``engine/exec/cli.py``)."""
+    """Run ``shunter generate`` for its parsed arguments (``generate/cli.py``)."""
     models = check_model_dirs([parse_model_arg(v) for v in ns.model])
     if ns.greedy and ns.seed is not None:
         raise GenerateError("--seed applies to sampling: use it with --temperature, not --greedy")

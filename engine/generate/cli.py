@@ -1,6 +1,6 @@
-"""``shunter generate`` and ``shunter bench executor``.
+"""``shunter generate``'s command line.
 
-Only argparse and pure engine logic at import time: torch and the models load when a
+Only argparse and pure engine logic at import time: torch and the models load when the
 command runs, so ``shunter --help`` stays fast.
 """
 
@@ -8,28 +8,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from shunter.engine.benchfigure import BenchFigure, ReportItem, write_figures
+from shunter.engine.cliargs import byte_count, non_negative_int, positive_float, positive_int
 from shunter.engine.exec.forced_remap import EVERY_LAYER
-
-_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
-def byte_count(text: str) -> int:
-    """``123456``, or with a binary suffix: ``64K``, ``1.5G`` (KiB, GiB), ``2MiB``."""
-    value = text.strip().upper().removesuffix("IB").removesuffix("B")
-    scale = _UNITS.get(value[-1:], 1)
-    number = value[:-1] if scale > 1 else value
-    try:
-        count = int(float(number) * scale)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a byte count such as 500M: {text!r}") from None
-    if count <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive byte count: {text!r}")
-    return count
 
 
 def _token_ids(text: str) -> list[int]:
@@ -40,89 +23,6 @@ def _token_ids(text: str) -> list[int]:
     if not ids or min(ids) < 0:
         raise argparse.ArgumentTypeError(f"expected token ids >= 0 such as 1,2,3: {text!r}")
     return ids
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: an integer above 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer: {text!r}")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0: {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number: {text!r}")
-    return value
-
-
-def add_bench_arguments(
-    p: argparse.ArgumentParser,
-    *,
-    preset: str,
-    prompt_tokens: int | None = None,
-    max_tokens: int | None = None,
-    threads: int | None = None,
-    threads_help: str = "torch threads",
-    rounds: int | None = None,
-    device: bool = False,
-) -> None:
-    """Add the options the benchmarks share: ``--model`` (a model directory; default: the
-    ``preset`` written with random weights), ``--threads`` (default ``threads``; None: every
-    core), each of ``--prompt-tokens``, ``--max-tokens`` and ``--rounds`` (alternated
-    rounds) that is given a default here, and ``--device`` (cpu or cuda, default cpu)
-    when ``device``. Every count must be a positive integer."""
-    p.add_argument("--model", type=Path, help=f"a model directory (default: {preset})")
-    threads_default = f"default {threads}" if threads else "default: every core"
-    p.add_argument(
-        "--threads",
-        type=positive_int,
-        default=threads,
-        help=f"{threads_help} ({threads_default})",
-    )
-    counts = (
-        ("--prompt-tokens", prompt_tokens, "tokens per prompt"),
-        ("--max-tokens", max_tokens, "output tokens per request"),
-        ("--rounds", rounds, "alternated rounds"),
-    )
-    for flag, default, meaning in counts:
-        if default is not None:
-            p.add_argument(
-                flag, type=positive_int, default=default, help=f"{meaning} (default {default})"
-            )
-    if device:
-        p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="default cpu")
-
-
-def print_report(items: Iterable[ReportItem], json_path: Path | None = None) -> int:
-    """Print a benchmark's report lines as they come and, with ``json_path``, write the
-    figures it yielded there at the end; the command's exit status (0)."""
-    figures = []
-    for item in items:
-        if isinstance(item, BenchFigure):
-            figures.append(item)
-        else:
-            print(item, flush=True)
-    if json_path is not None:
-        write_figures(json_path, figures)
-    return 0
 
 
 def add_generate_parser(sub: argparse._SubParsersAction[Any]) -> None:
@@ -162,7 +62,7 @@ def add_generate_parser(sub: argparse._SubParsersAction[Any]) -> None:
     sampling.add_argument("--greedy", action="store_true", help="always the most likely token")
     sampling.add_argument(
         "--temperature",
-        type=_positive_float,
+        type=positive_float,
         default=1.0,
         metavar="T",
         help="sampling temperature (default 1.0)",
@@ -197,7 +97,7 @@ def add_generate_parser(sub: argparse._SubParsersAction[Any]) -> None:
         "--force-remap",
         nargs="?",
         const=EVERY_LAYER,
-        type=_count,
+        type=non_negative_int,
         metavar="N",
         help="remap N layers of every model whatever the pressure (without N: all it can), "
         "at most its layers less 2, so a 2-layer model lends none; implies --remap",
@@ -217,8 +117,8 @@ def add_generate_parser(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def cmd_generate(ns: argparse.Namespace) -> int:
-    from shunter.engine.exec.generate import format_json, format_text, generate_from_args
-    from shunter.engine.exec.generate_input import GenerateError
+    from shunter.engine.generate.inputs import GenerateError
+    from shunter.engine.generate.run import format_json, format_text, generate_from_args
 
     try:
         result = generate_from_args(ns)

@@ -14,9 +14,9 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from shunter.engine.catalog import PRESETS
+from shunter.engine.checkpoint.random_weights import init_model_dir, parameter_shapes, preset_config
 from shunter.engine.exec.hf_config import ArchConfig, model_spec_from_config
 from shunter.engine.exec.loader import load_model
-from shunter.engine.exec.model_init import init_model_dir, parameter_shapes, preset_config
 from shunter.project.cli import main
 
 CPU = torch.device("cpu")

@@ -13,11 +13,11 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, decoders, models
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from shunter.engine.checkpoint.random_weights import init_model_dir, preset_config
 from shunter.engine.exec.forced_remap import EVERY_LAYER
-from shunter.engine.exec.generate import GenerateResult, generate_from_args
-from shunter.engine.exec.model_init import init_model_dir, preset_config
 from shunter.engine.exec.serving import model_specs
 from shunter.engine.exec.sizing import BLOCK_TOKENS, page_bytes_for, weight_bytes
+from shunter.engine.generate.run import GenerateResult, generate_from_args
 from shunter.project.cli import build_parser, main
 
 MODELS = ("tiny-llama", "tiny-qwen2")

@@ -23,9 +23,9 @@ import torch
 from safetensors.torch import save_file
 
 from shunter.engine.catalog import DEFAULT_SHARD_BYTES, PRESETS
+from shunter.engine.checkpoint.tokenizer import write_tokenizer
 from shunter.engine.exec.hf_config import ArchConfig
 from shunter.engine.exec.loader import TORCH_DTYPES
-from shunter.engine.exec.tokenizer_init import write_tokenizer
 
 
 def init_model_dir(
