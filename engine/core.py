@@ -33,7 +33,8 @@ class StepStats:
     ``executing`` lists the models in the batch and ``turn`` the temporal model holding
     the turn after the step; ``remapped_layers`` the layers each model has lent to the
     KV cache after the step's remapping, ``layers_restored`` the layers the step loaded
-    back.
+    back. ``tokens_by_model`` counts the tokens each model computed (vLLM's iteration
+    tokens).
     """
 
     step: int
@@ -64,6 +65,7 @@ class StepStats:
     remapped_layers: dict[str, int] = field(default_factory=dict)
     layers_restored: int = 0
     finished: list[Request] = field(default_factory=list)
+    tokens_by_model: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -257,4 +259,13 @@ class EngineCore:
             remapped_layers={} if self.remapper is None else self.remapper.alpha(),
             layers_restored=sum(map(len, plan.restored.values())),
             finished=finished,
+            tokens_by_model=_tokens_by_model(plan),
         )
+
+
+def _tokens_by_model(plan: StepPlan) -> dict[str, int]:
+    """The tokens each model computed in ``plan``'s batch."""
+    tokens: dict[str, int] = {}
+    for entry in plan.batch:
+        tokens[entry.model] = tokens.get(entry.model, 0) + entry.num_tokens
+    return tokens

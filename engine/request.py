@@ -42,8 +42,9 @@ class Request:
     ``max_output_tokens`` tokens or the executor reports a stop.
 
     ``t_run`` is when it last started running (for a request swapped back in: the
-    step it rejoins the batch), ``t_last`` when it emitted its last token
-    (``None`` before the first), ``token_times`` every emission time in order.
+    step it rejoins the batch), ``t_scheduled`` when it first did (its queue time
+    ends), ``t_last`` when it emitted its last token (``None`` before the first),
+    ``token_times`` every emission time in order.
     """
 
     id: str
@@ -58,6 +59,7 @@ class Request:
     num_output_tokens: int = 0
     output_token_ids: list[int] = field(default_factory=list)
     t_run: float | None = None
+    t_scheduled: float | None = None
     t_last: float | None = None
     t_first_token: float | None = None
     t_finish: float | None = None

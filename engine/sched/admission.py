@@ -236,6 +236,8 @@ class Admission:
             used = add_chunk(plan, r, tokens)
         q.move(r, RUNNING)
         r.t_run = now
+        if r.t_scheduled is None:
+            r.t_scheduled = now
         return used
 
     def _priority(self, r: Request) -> int:

@@ -110,16 +110,27 @@ async def request_ids(request: web.Request, handler: Handler) -> web.StreamRespo
 
 @web.middleware
 async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-    token = request.app[STATE].token
-    if token and request.path != "/health":
-        given = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-            raise ApiError(
-                401,
-                "Missing or invalid bearer token.",
-                type="authentication_error",
-                code="invalid_api_key",
-            )
+    """The engine token on every route but ``/health``; on ``/metrics`` the scrape
+    token too, or none with ``open_metrics``."""
+    state = request.app[STATE]
+    if not state.token or request.path == "/health":
+        return await handler(request)
+    accepted = [state.token]
+    if request.path == "/metrics":
+        if state.open_metrics:
+            return await handler(request)
+        if state.metrics_token:
+            accepted.append(state.metrics_token)
+    given = request.headers.get("Authorization", "").encode()
+    # Every token is compared (no early exit), in constant time each.
+    matches = [hmac.compare_digest(given, f"Bearer {t}".encode()) for t in accepted]
+    if not any(matches):
+        raise ApiError(
+            401,
+            "Missing or invalid bearer token.",
+            type="authentication_error",
+            code="invalid_api_key",
+        )
     return await handler(request)
 
 

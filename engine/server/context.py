@@ -21,6 +21,8 @@ from shunter.engine.server.settings import EngineSettings
 @dataclass
 class ServerState:
     """One server. ``token`` (None: no auth) guards every route but ``/health``;
+    ``/metrics`` also takes ``metrics_token`` (a scraper's, which opens nothing else),
+    or no token at all with ``open_metrics``;
     ``draining`` refuses new generation requests; on shutdown, requests in flight get
     ``grace_s`` seconds to finish before they are aborted. A stream that has sent
     nothing for ``keepalive_s`` seconds gets an SSE comment. ``reconcile_lock`` is held
@@ -31,6 +33,8 @@ class ServerState:
     metrics: ServerMetrics
     settings: EngineSettings
     token: str | None = None
+    metrics_token: str | None = None
+    open_metrics: bool = False
     grace_s: float = 30.0
     keepalive_s: float = 5.0
     draining: bool = False

@@ -232,6 +232,9 @@ class EngineLoop:
 
     def _add(self, streams: Sequence[Stream]) -> None:
         core = self.engine.core
+        if streams:
+            first = streams[0]
+            self.metrics.on_request(first.model, len(streams), first.params.max_tokens)
         for stream in streams:
             try:
                 kwargs = {} if stream.slo is None else {"slo": stream.slo}
@@ -309,21 +312,33 @@ class EngineLoop:
 
     def _observe(self, stats: StepStats) -> None:
         metrics, core = self.metrics, self.engine.core
-        metrics.step_seconds.observe(stats.duration_s)
+        metrics.on_step(stats.duration_s, stats.tokens_by_model)
         metrics.rotations.inc(stats.num_swapped_in)
         for direction, nbytes in (("d2h", stats.d2h_bytes), ("h2d", stats.h2d_bytes)):
             self.bytes_moved[direction] += nbytes
             metrics.swapped_bytes.labels(direction).inc(nbytes)
-        if core.memory.arena.version != self._arena_version:
-            self._arena_version = core.memory.arena.version
+        memory = core.memory
+        if memory.arena.version != self._arena_version:
+            self._arena_version = memory.arena.version
             for model in core.scheduler.queues:
-                remapped = core.memory.remapped_layers(model)
-                metrics.remapped_layers.labels(model).set(len(remapped))
+                metrics.remapped_layers.labels(model).set(len(memory.remapped_layers(model)))
+                metrics.on_cache(
+                    model,
+                    block_size=memory.block_tokens,
+                    gpu_blocks=memory.num_total_blocks(model),
+                    cpu_blocks=memory.host.num_used(model) + memory.host.num_free(model),
+                    dtype=str(self.engine.executor.models[model].kv_cache.dtype).removeprefix(
+                        "torch."
+                    ),
+                )
         for model, q in core.scheduler.queues.items():
-            metrics.running.labels(model).set(len(q.running))
-            metrics.waiting.labels(model).set(len(q.waiting))
-            metrics.rotary.labels(model).set(len(q.rotary) + len(q.landing))
-            metrics.kv_usage.labels(model).set(core.memory.usage(model))
+            metrics.on_queues(
+                model,
+                running=len(q.running),
+                waiting=len(q.waiting),
+                rotary=len(q.rotary) + len(q.landing),
+                kv=memory.usage(model),
+            )
 
 
 def _deliver(batch: list[tuple[Stream, Delta]]) -> None:
