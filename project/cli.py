@@ -113,6 +113,8 @@ def cmd_demo(ns: argparse.Namespace) -> int:
             if engine is not None:
                 engine.wait_healthy()
                 print(f"engine: {engine.url} (log: {engine.log})")
+                scrape = engine.write_prometheus_config(paths.demo)
+                print(f"prometheus: {scrape} (scrapes the engine's vLLM metrics)")
             prepared = demo.prepare(paths=paths, model_dirs=model_dirs, engine=engine)
         except demo.DemoError as e:
             print(f"shunter demo: {e}", file=sys.stderr)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shunter.project.demo_children import DemoError, shunter_command, spawn, stop_child
+from shunter.project.demo_paths import write_private
 
 # The engine's arena: both demo models' weights (about 3.5 MB) and one full context of
 # each (2 x 4 MiB), with a little room to spare, so that bursts of long prompts contend
@@ -102,12 +103,13 @@ class EngineProcess:
     url: str
     token: str
     log: Path
+    metrics_token: str = ""
 
     @classmethod
     def start(cls, model_dirs: dict[str, Path], log: Path) -> EngineProcess:
         """Start it on a free loopback port with a fresh token (given in the
         environment, not on a command line others can read); it is not up yet."""
-        port, token = free_port(), secrets.token_urlsafe(24)
+        port, token, scrape = free_port(), secrets.token_urlsafe(24), secrets.token_urlsafe(24)
         command = shunter_command(
             "engine",
             "--port",
@@ -121,9 +123,29 @@ class EngineProcess:
                 ("--model", f"{name}={path}:{MODELS[name][1]}") for name, path in model_dirs.items()
             ),
         )
-        env = {**os.environ, "SHUNTER_ENGINE_TOKEN": token}
+        env = {**os.environ, "SHUNTER_ENGINE_TOKEN": token, "SHUNTER_METRICS_TOKEN": scrape}
         proc = spawn(command, log, env=env)
-        return cls(proc, f"http://127.0.0.1:{port}", token, log)
+        return cls(proc, f"http://127.0.0.1:{port}", token, log, scrape)
+
+    def write_prometheus_config(self, directory: Path) -> Path:
+        """Write what a Prometheus next to the demo needs to scrape the engine: the
+        scrape token (``metrics-token``, mode 0600, opening ``/metrics`` alone) and a
+        ``prometheus.yml`` that reads it; return the config's path."""
+        token_file = directory / "metrics-token"
+        write_private(token_file, self.metrics_token + "\n")
+        config = directory / "prometheus.yml"
+        config.write_text(
+            "# Prometheus scrape config for the demo's engine (vLLM's metric names).\n"
+            "scrape_configs:\n"
+            "  - job_name: shunter-engine\n"
+            "    scrape_interval: 5s\n"
+            "    metrics_path: /metrics\n"
+            "    authorization:\n"
+            f"      credentials_file: {token_file}\n"
+            "    static_configs:\n"
+            f"      - targets: ['{self.url.removeprefix('http://')}']\n"
+        )
+        return config
 
     def wait_healthy(self, timeout_s: float = ENGINE_START_S) -> None:
         """Return once ``/health`` answers 200; DemoError (with the log's tail) if the

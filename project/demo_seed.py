@@ -4,15 +4,13 @@ embedded database set up for the demo's concurrent writers."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from shunter.project.demo_children import DemoError
 from shunter.project.demo_engine import HBM_BUDGET, EngineProcess
-from shunter.project.demo_paths import DemoPaths
+from shunter.project.demo_paths import DemoPaths, write_private
 from shunter.project.demo_traffic import LOAD
 
 
@@ -28,19 +26,6 @@ def _read_keys(path: Path) -> dict[str, str]:
         for tenant, entry in data.items()
         if isinstance(entry, dict) and isinstance(entry.get("key"), str)
     }
-
-
-def write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` readable by its owner only (0600 from creation on, then
-    renamed over the old file, so no other user ever sees it)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
-    with contextlib.suppress(FileNotFoundError):
-        partial.unlink()
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
-    partial.replace(path)
 
 
 def _drop_unknown_keys(known: dict[str, str]) -> dict[str, str]:

@@ -16,6 +16,7 @@ from shunter.engine.cliargs import (  # argparse only
 )
 
 TOKEN_ENV = "SHUNTER_ENGINE_TOKEN"
+METRICS_TOKEN_ENV = "SHUNTER_METRICS_TOKEN"
 # What anyone who reaches the port may use when the engine runs without a token.
 OPEN_ROUTES = "/v1/* (completions), /admin/* (state, drain, deployments) and /metrics"
 
@@ -52,6 +53,19 @@ def add_engine_parser(sub: argparse._SubParsersAction[Any]) -> None:
         "--token",
         help="bearer token; visible to every user in the process list: prefer "
         f"${TOKEN_ENV} or --token-file",
+    )
+    scrape = p.add_mutually_exclusive_group()
+    scrape.add_argument(
+        "--metrics-token-file",
+        type=Path,
+        metavar="PATH",
+        help="a second bearer token that opens /metrics alone, for a Prometheus scraper "
+        f"(default: ${METRICS_TOKEN_ENV})",
+    )
+    scrape.add_argument(
+        "--open-metrics",
+        action="store_true",
+        help="serve /metrics without a token (only where the port is not reachable from outside)",
     )
     p.add_argument(
         "--hbm-budget",
@@ -128,7 +142,14 @@ def cmd_engine(ns: argparse.Namespace) -> int:
         check_model_dirs(settings)
         device = available_device(settings.device)
         token = engine_token(ns)
-        state = build_state(settings, device, token=token, check_integrity=ns.check_integrity)
+        state = build_state(
+            settings,
+            device,
+            token=token,
+            metrics_token=metrics_token(ns),
+            open_metrics=ns.open_metrics,
+            check_integrity=ns.check_integrity,
+        )
     except (SettingsError, GenerateError) as e:
         print(f"shunter engine: {e}", file=sys.stderr)
         return 2
@@ -160,12 +181,7 @@ def engine_token(ns: argparse.Namespace) -> str | None:
     log = logging.getLogger("shunter.engine.server")
     token: str
     if ns.token_file is not None:
-        try:
-            token = ns.token_file.read_text().rstrip("\r\n")
-        except (OSError, UnicodeDecodeError) as e:
-            raise SettingsError(f"cannot read the token file {ns.token_file}: {e}") from None
-        if not token:
-            raise SettingsError(f"the token file {ns.token_file} is empty")
+        token = _read_token(ns.token_file)
     elif ns.token:
         token = ns.token
         log.warning(
@@ -185,6 +201,37 @@ def engine_token(ns: argparse.Namespace) -> str | None:
         return None
     if not is_header_token(token):
         raise SettingsError(f"the engine token must be {TOKEN_RULE}")
+    return token
+
+
+def metrics_token(ns: argparse.Namespace) -> str | None:
+    """The scrape token: ``--metrics-token-file``'s contents, else
+    ``$SHUNTER_METRICS_TOKEN``; None for none (``/metrics`` takes the engine token)."""
+    from shunter.engine.api.tokens import TOKEN_RULE, is_header_token
+    from shunter.engine.server.settings import SettingsError
+
+    if ns.metrics_token_file is not None:
+        token = _read_token(ns.metrics_token_file)
+    else:
+        token = os.environ.get(METRICS_TOKEN_ENV, "")
+    if not token:
+        return None
+    if not is_header_token(token):
+        raise SettingsError(f"the metrics token must be {TOKEN_RULE}")
+    return token
+
+
+def _read_token(path: Path) -> str:
+    """A token file's contents without the line end; SettingsError when it cannot be
+    read or is empty."""
+    from shunter.engine.server.settings import SettingsError
+
+    try:
+        token = path.read_text().rstrip("\r\n")
+    except (OSError, UnicodeDecodeError) as e:
+        raise SettingsError(f"cannot read the token file {path}: {e}") from None
+    if not token:
+        raise SettingsError(f"the token file {path} is empty")
     return token
 
 

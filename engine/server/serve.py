@@ -114,6 +114,8 @@ def build_state(
     device: torch.device,
     *,
     token: str | None = None,
+    metrics_token: str | None = None,
+    open_metrics: bool = False,
     check_integrity: bool = False,
 ) -> ServerState:
     metrics = ServerMetrics([m.name for m in settings.models])
@@ -124,5 +126,7 @@ def build_state(
         metrics=metrics,
         settings=settings,
         token=token,
+        metrics_token=metrics_token,
+        open_metrics=open_metrics,
         grace_s=settings.grace_s,
     )

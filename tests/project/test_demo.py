@@ -117,6 +117,17 @@ def test_demo_brings_the_platform_up(clean_env: dict[str, str], tmp_path: Path) 
 
         keys_file = var / "demo" / "keys.json"
         assert stat.S_IMODE(keys_file.stat().st_mode) == 0o600
+        # What a Prometheus beside the demo reads: the scrape token opens /metrics.
+        scrape_file = var / "demo" / "metrics-token"
+        assert stat.S_IMODE(scrape_file.stat().st_mode) == 0o600
+        config = (var / "demo" / "prometheus.yml").read_text()
+        assert f"credentials_file: {scrape_file}" in config
+        (target,) = [line.split("'")[1] for line in config.splitlines() if "targets" in line]
+        scrape = urllib.request.Request(
+            f"http://{target}/metrics",
+            headers={"Authorization": f"Bearer {scrape_file.read_text().strip()}"},
+        )
+        assert b"vllm:time_to_first_token_seconds_bucket" in urllib.request.urlopen(scrape).read()
         keys = json.loads(keys_file.read_text())
         assert set(keys) == {"demo-chat", "demo-batch"}
         chat = keys["demo-chat"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from shunter.engine.server.cli import TOKEN_ENV, engine_token
+from shunter.engine.server.cli import METRICS_TOKEN_ENV, TOKEN_ENV, engine_token, metrics_token
 from shunter.engine.server.settings import SettingsError
 from shunter.project.cli import build_parser
 from tests.conftest import VENV_BIN, Process, free_port
@@ -143,3 +143,22 @@ def test_an_engine_without_a_token_says_at_startup_what_is_open(
     warning = [line for line in engine.output().splitlines() if OPEN_WARNING in line]
     assert len(warning) == 1 and "WARNING" in warning[0]
     assert "/admin/*" in warning[0] and "/metrics" in warning[0]
+
+
+def test_the_scrape_token_comes_from_its_file_or_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def scrape_of(*args: str) -> str | None:
+        return metrics_token(build_parser().parse_args(["engine", *args]))
+
+    monkeypatch.delenv(METRICS_TOKEN_ENV, raising=False)
+    assert scrape_of() is None
+    monkeypatch.setenv(METRICS_TOKEN_ENV, "from-env")
+    assert scrape_of() == "from-env"
+    path = tmp_path / "scrape"
+    path.write_text("from-file\n")
+    assert scrape_of("--metrics-token-file", str(path)) == "from-file"
+    path.write_text("has space\n")
+    with pytest.raises(SettingsError, match="metrics token"):
+        scrape_of("--metrics-token-file", str(path))
+    assert build_parser().parse_args(["engine", "--open-metrics"]).open_metrics

@@ -63,3 +63,23 @@ def test_metrics_parse_and_move(server: ServerThread) -> None:
         if name == "vllm:inter_token_latency_seconds_bucket"
     }
     assert {0.05, 0.075, 0.1} <= les
+
+
+def test_a_scrape_token_opens_metrics_alone_and_open_metrics_needs_none(
+    server: ServerThread,
+) -> None:
+    state = server.state
+    scrape = {"Authorization": "Bearer scrape-only"}
+    try:
+        assert request("GET", server.url + "/metrics", headers=scrape).status_code == 401
+        state.metrics_token = "scrape-only"
+        assert request("GET", server.url + "/metrics", headers=scrape).status_code == 200
+        assert request("GET", server.url + "/metrics", headers=AUTH).status_code == 200
+        assert request("GET", server.url + "/v1/models", headers=scrape).status_code == 401
+        assert request("GET", server.url + "/admin/state", headers=scrape).status_code == 401
+        assert request("GET", server.url + "/metrics").status_code == 401
+        state.open_metrics = True
+        assert request("GET", server.url + "/metrics").status_code == 200
+        assert request("GET", server.url + "/admin/state").status_code == 401
+    finally:
+        state.metrics_token, state.open_metrics = None, False
