@@ -13,6 +13,13 @@ urlpatterns: list[URLPattern | URLResolver] = [
         "models/<str:name>/v1/chat/completions", views.chat_completions, name="gateway-model-chat"
     ),
     path("models/<str:name>/v1/completions", views.completions, name="gateway-model-completions"),
+    # One model: GET /v1/models/{id} (an id may hold a "/").
+    re_path(r"^v1/(?P<rest>models/.+)$", views.unknown, name="gateway-model"),
+    re_path(
+        r"^models/(?P<name>[^/]+)/v1/(?P<rest>models/.+)$",
+        views.unknown,
+        name="gateway-model-model",
+    ),
     # The rest of the gateway's URL space (``/v1``, a name with an encoded ``/``): 404.
     re_path(r"^(?:v1|models)(?:/|$)", views.unknown, name="gateway-unknown"),
 ]

@@ -17,6 +17,7 @@ import re
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
+from urllib.parse import unquote
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
@@ -27,7 +28,7 @@ from django.views.decorators.csrf import csrf_exempt
 from shunter.engine.api.jsonbody import parse_json
 from shunter.gateway.auth import authenticator
 from shunter.gateway.demand import demand_of
-from shunter.gateway.errors import ApiError, bad_request
+from shunter.gateway.errors import ApiError, bad_request, model_not_found
 from shunter.gateway.proxy import Exchange
 from shunter.gateway.quotas import QuotaUnavailable, quota_limiter
 from shunter.gateway.replies import (
@@ -56,6 +57,8 @@ def request_id_of(headers: Mapping[str, str]) -> str:
 async def handle(request: GatewayRequest, endpoint: str, name: str | None = None) -> Reply:
     """Answer ``request`` for ``endpoint`` (``models``, ``chat/completions``,
     ``completions`` or anything else: 404), the path naming model ``name`` or not."""
+    if endpoint.startswith("models/") and request.method == "GET":
+        return await models_reply(request, name, unquote(endpoint.removeprefix("models/")))
     method = ENDPOINTS.get(endpoint)
     if method is None:
         error = ApiError(404, f"No route {request.method} {request.path}.", code="unknown_url")
@@ -70,8 +73,12 @@ async def handle(request: GatewayRequest, endpoint: str, name: str | None = None
     )
 
 
-async def models_reply(request: GatewayRequest, name: str | None = None) -> Reply:
-    """The deployments the key may use (only ``name``'s under its path), OpenAI's list."""
+async def models_reply(
+    request: GatewayRequest, name: str | None = None, model: str | None = None
+) -> Reply:
+    """The deployments the key may use (only ``name``'s under its path), OpenAI's list;
+    with ``model``, that model's object, or 404 ``model_not_found`` when the key cannot
+    see it (as OpenAI answers)."""
     request_id = request_id_of(request.headers)
     try:
         grant = await authenticator.authenticate(request.headers.get("Authorization"))
@@ -94,7 +101,13 @@ async def models_reply(request: GatewayRequest, name: str | None = None) -> Repl
         }
         for model, tokens in context.items()
     ]
-    return json_reply({"object": "list", "data": data}, headers={"X-Request-Id": request_id})
+    headers = {"X-Request-Id": request_id}
+    if model is None:
+        return json_reply({"object": "list", "data": data}, headers=headers)
+    found = [entry for entry in data if entry["id"] == model]
+    if not found:
+        return error_reply(model_not_found(model), request_id)
+    return json_reply(found[0], headers=headers)
 
 
 def read_body(raw: bytes, path_model: str | None) -> dict[str, Any]:

@@ -2,7 +2,10 @@
 into what the engine runs.
 
 Pure parsing, no torch: every mistake becomes a 400 ``ApiError`` naming the parameter.
-Unknown fields are refused, so a misspelt parameter never passes silently.
+Unknown fields are refused, so a misspelt parameter never passes silently; OpenAI and
+vLLM parameters the engine does not implement are refused with a 400 saying so
+(``UNSUPPORTED``), and those that change nothing here are taken and ignored (``store``,
+``parallel_tool_calls``, a ``response_format`` of ``text``, ``best_of`` equal to ``n``).
 """
 
 from __future__ import annotations
@@ -44,8 +47,27 @@ _COMMON = {
     "ignore_eos",
     "min_tokens",
     "logprobs",
+    "stop_token_ids",
+    "repetition_penalty",
+    "min_p",
+    "logit_bias",
+    # Taken and ignored: nothing here stores completions or runs tools in parallel.
+    "store",
+    "parallel_tool_calls",
+    "response_format",
 }
-COMPLETION_FIELDS = _COMMON | {"prompt"}
+MAX_LOGIT_BIAS = 300  # entries, as the OpenAI API bounds it
+MAX_STOP_TOKEN_IDS = 64
+# What the OpenAI or vLLM API offers and this engine refuses, and why.
+UNSUPPORTED = {
+    "echo": "'echo' (returning the prompt with the completion) is not supported.",
+    "suffix": "'suffix' (text after the insertion point) is not supported.",
+    "tools": "'tools' (function calling) is not supported yet.",
+    "tool_choice": "'tool_choice' (function calling) is not supported yet.",
+    "functions": "'functions' (function calling) is not supported yet.",
+    "function_call": "'function_call' (function calling) is not supported yet.",
+}
+COMPLETION_FIELDS = _COMMON | {"prompt", "best_of"}
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs"}
 STREAM_OPTIONS = {"include_usage", "continuous_usage_stats"}
 ROLES = ("system", "user", "assistant", "tool", "developer")
@@ -182,6 +204,13 @@ def _request(
         # As vLLM: usage on every chunk only along with the final usage chunk.
         continuous_usage = include_usage and _bool(options, "continuous_usage_stats", False)
     seed = _int(body, "seed", -(2**63), 2**63 - 1, None)
+    n = _n(body)
+    best_of = _int(body, "best_of", 1, MAX_N, None)
+    if best_of is not None and best_of != n:
+        raise bad_request(
+            f"'best_of' other than n (here {n}) is not supported: each choice is returned.",
+            "best_of",
+        )
     params = SamplingParams(
         temperature=_float(body, "temperature", 0.0, 2.0, 1.0),
         top_p=_float(body, "top_p", 0.0, 1.0, 1.0, open_low=True),
@@ -194,12 +223,16 @@ def _request(
         presence_penalty=_float(body, "presence_penalty", -2.0, 2.0, 0.0),
         frequency_penalty=_float(body, "frequency_penalty", -2.0, 2.0, 0.0),
         logprobs=logprobs,
+        stop_token_ids=_token_ids(body, "stop_token_ids", info, MAX_STOP_TOKEN_IDS),
+        repetition_penalty=_float(body, "repetition_penalty", 0.0, 2.0, 1.0, open_low=True),
+        min_p=_float(body, "min_p", 0.0, 1.0, 0.0),
+        logit_bias=_logit_bias(body.get("logit_bias"), info),
     )
     return GenerationRequest(
         model=info.name,
         prompts=prompts,
         params=params,
-        n=_n(body),
+        n=n,
         stream=stream,
         include_usage=include_usage,
         continuous_usage=continuous_usage,
@@ -222,9 +255,24 @@ def _check_sequences(prompts: int, n: int, max_sequences: int) -> None:
 
 
 def _check_fields(body: dict[str, Any], allowed: set[str]) -> None:
-    unknown = sorted(set(body) - allowed)
+    refused = sorted(
+        name for name in body if name in UNSUPPORTED and body[name] not in (None, False, "", [])
+    )
+    if refused:
+        raise bad_request(UNSUPPORTED[refused[0]], refused[0])
+    unknown = sorted(set(body) - allowed - set(UNSUPPORTED))
     if unknown:
         raise bad_request(f"Unknown parameter: {unknown[0]!r}.", unknown[0])
+    response_format = body.get("response_format")
+    if response_format is not None and response_format != {"type": "text"}:
+        raise bad_request(
+            "'response_format' other than {'type': 'text'} (JSON mode, structured outputs) "
+            "is not supported yet.",
+            "response_format",
+        )
+    for name in ("store", "parallel_tool_calls"):
+        if name in body and body[name] is not None and not isinstance(body[name], bool):
+            raise bad_request(f"'{name}' must be a boolean.", name)
 
 
 def _is_int(value: Any) -> bool:
@@ -282,6 +330,51 @@ def _min_tokens(body: dict[str, Any], max_tokens: int) -> int:
             f"'min_tokens' ({value}) must not exceed max_tokens ({max_tokens}).", "min_tokens"
         )
     return value
+
+
+def _token_ids(
+    body: dict[str, Any], name: str, info: ServedModelInfo, limit: int
+) -> tuple[int, ...]:
+    """A list of the model's token ids (at most ``limit``)."""
+    value = body.get(name)
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(_is_int(t) for t in value):
+        raise bad_request(f"'{name}' must be a list of token ids.", name)
+    if len(value) > limit:
+        raise bad_request(f"'{name}' takes at most {limit} token ids.", name)
+    if value and (min(value) < 0 or max(value) >= info.vocab_size):
+        raise bad_request(
+            f"'{name}' holds a token id outside the vocabulary ({info.vocab_size} tokens).", name
+        )
+    return tuple(value)
+
+
+def _logit_bias(value: Any, info: ServedModelInfo) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``logit_bias``: token ids (as JSON object keys) to biases in
+    [-100, 100]."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise bad_request("'logit_bias' must map token ids to biases.", "logit_bias")
+    if len(value) > MAX_LOGIT_BIAS:
+        raise bad_request(f"'logit_bias' takes at most {MAX_LOGIT_BIAS} tokens.", "logit_bias")
+    biases = []
+    for key, bias in value.items():
+        token = int(key) if isinstance(key, str) and key.isdigit() else -1
+        if not 0 <= token < info.vocab_size:
+            raise bad_request(
+                f"'logit_bias' key {key!r} is not a token id of this model "
+                f"(0..{info.vocab_size - 1}).",
+                "logit_bias",
+            )
+        if not (_is_int(bias) or isinstance(bias, float)) or not -100 <= bias <= 100:
+            raise bad_request(
+                f"'logit_bias' values must be numbers in [-100, 100], got {bias!r}.",
+                "logit_bias",
+            )
+        biases.append((token, float(bias)))
+    return tuple(sorted(biases))
 
 
 def _stop(value: Any) -> tuple[str, ...]:

@@ -33,6 +33,11 @@ class SamplingParams:
     - ``presence_penalty`` and ``frequency_penalty`` (OpenAI's, in [-2, 2]) lower the
       logits of tokens already in the output: by the first once a token appears, by the
       second for each time it appears.
+    - ``repetition_penalty`` (vLLM's; 1: off) divides the positive logits and multiplies
+      the negative ones of every token already in the prompt or the output.
+    - ``logit_bias`` adds a bias in [-100, 100] to the logits of the tokens it names
+      (OpenAI's); ``min_p`` (vLLM's; 0: off) drops the tokens whose probability, after
+      temperature, is below ``min_p`` times the most likely token's.
     - ``logprobs`` (None: off) reports each sampled token's log-probability under the
       model's distribution, with that many most likely alternatives (0..20).
     """
@@ -49,6 +54,9 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logprobs: int | None = None
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -67,6 +75,12 @@ class SamplingParams:
             raise ValueError("presence_penalty and frequency_penalty must be in [-2, 2]")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}]")
+        if not self.repetition_penalty > 0:
+            raise ValueError("repetition_penalty must be > 0 (1 is off)")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError("min_p must be in [0, 1]")
+        if any(not -100 <= bias <= 100 for _, bias in self.logit_bias):
+            raise ValueError("logit_bias values must be in [-100, 100]")
 
     @property
     def greedy(self) -> bool:
@@ -74,4 +88,10 @@ class SamplingParams:
 
     @property
     def penalized(self) -> bool:
-        return self.presence_penalty != 0 or self.frequency_penalty != 0
+        """Whether the logits change before sampling: penalties or biases."""
+        return (
+            self.presence_penalty != 0
+            or self.frequency_penalty != 0
+            or self.repetition_penalty != 1
+            or bool(self.logit_bias)
+        )

@@ -56,31 +56,56 @@ def sample(
 
 
 def apply_penalties(
-    logits: torch.Tensor, params: Sequence[SamplingParams], outputs: Sequence[Sequence[int]]
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    outputs: Sequence[Sequence[int]],
+    prompts: Sequence[Sequence[int]] = (),
 ) -> torch.Tensor:
-    """``logits`` with each row's presence and frequency penalties applied over the
-    tokens of its output so far (``outputs[i]``); unchanged when no row has any."""
-    rows = [i for i, p in enumerate(params) if p.penalized and outputs[i]]
+    """``logits`` with each row's penalties and biases applied, in vLLM's order: the
+    repetition penalty over the tokens of its prompt (``prompts[i]``) and output so far
+    (``outputs[i]``), the presence and frequency penalties over its output, then its
+    logit bias. Unchanged when no row has any."""
+    rows = [i for i, p in enumerate(params) if p.penalized]
     if not rows:
         return logits
     logits = logits.float().clone()
+    device = logits.device
     for i in rows:
-        ids, counts = torch.unique(
-            torch.tensor(outputs[i], device=logits.device), return_counts=True
-        )
-        p = params[i]
-        logits[i, ids] -= p.presence_penalty + p.frequency_penalty * counts.to(logits.dtype)
+        p, output = params[i], outputs[i]
+        if p.repetition_penalty != 1:
+            seen = torch.tensor(
+                sorted({*(prompts[i] if prompts else ()), *output}), dtype=torch.long, device=device
+            )
+            if len(seen):
+                values = logits[i, seen]
+                logits[i, seen] = torch.where(
+                    values > 0, values / p.repetition_penalty, values * p.repetition_penalty
+                )
+        if output and (p.presence_penalty or p.frequency_penalty):
+            ids, counts = torch.unique(torch.tensor(output, device=device), return_counts=True)
+            logits[i, ids] -= p.presence_penalty + p.frequency_penalty * counts.to(logits.dtype)
+        if p.logit_bias:
+            ids = torch.tensor([t for t, _ in p.logit_bias], dtype=torch.long, device=device)
+            bias = torch.tensor([b for _, b in p.logit_bias], device=device)
+            logits[i, ids] += bias
     return logits
 
 
 def filtered_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
-    """Unnormalized probabilities after temperature, top-k and top-p, row by row."""
+    """Unnormalized probabilities after temperature, min-p, top-k and top-p (vLLM's
+    order), row by row."""
     device = logits.device
     temperature = torch.tensor([p.temperature for p in params], device=device)
     vocab = logits.shape[-1]
     top_k = torch.tensor([p.top_k or vocab for p in params], device=device)
     top_p = torch.tensor([p.top_p for p in params], device=device)
-    ordered, order = torch.sort(logits / temperature[:, None], dim=-1, descending=True, stable=True)
+    scaled = logits / temperature[:, None]
+    if any(p.min_p for p in params):
+        min_p = torch.tensor([p.min_p for p in params], device=device)
+        full = torch.softmax(scaled, dim=-1)
+        floor = min_p[:, None] * full.max(dim=-1, keepdim=True).values
+        scaled = scaled.masked_fill(full < floor, float("-inf"))
+    ordered, order = torch.sort(scaled, dim=-1, descending=True, stable=True)
     rank = torch.arange(vocab, device=device)
     ordered = ordered.masked_fill(rank[None, :] >= top_k[:, None], float("-inf"))
     probs = torch.softmax(ordered, dim=-1)

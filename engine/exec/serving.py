@@ -56,6 +56,7 @@ class Output:
     text: str
     finish_reason: str
     num_preemptions: int
+    stop_reason: str | int | None = None
 
 
 @dataclass
@@ -294,7 +295,7 @@ class TorchEngine:
             prompt_token_ids=list(prompt_ids),
         )
         self.core.add_request(request)
-        self.executor.add_request(request.id, model, params)
+        self.executor.add_request(request.id, model, params, prompt_ids)
         return request.id
 
     def step(self) -> list[Output]:
@@ -330,6 +331,7 @@ class TorchEngine:
                     text=text,
                     finish_reason=reason or "length",
                     num_preemptions=request.num_preemptions,
+                    stop_reason=self.executor.stop_reason(request.id),
                 )
             )
         return outputs

@@ -39,6 +39,8 @@ class StopChecker:
         self.text = ""
         self.num_tokens = 0
         self.finish_reason: str | None = None
+        # The stop string or stop token id that ended it (None: EOS or the length).
+        self.stop_reason: str | int | None = None
         self._shown = 0
 
     def banned_tokens(self) -> tuple[int, ...]:
@@ -53,14 +55,17 @@ class StopChecker:
         self.num_tokens += 1
         may_stop = self.num_tokens >= self.params.min_tokens
         if may_stop and token_id in self._stop_ids:
+            if token_id in self.params.stop_token_ids:
+                self.stop_reason = token_id
             return self._finish(STOP, self._detok.flush())
         # A stop string may begin in text that arrived with earlier tokens.
         search_from = max(0, len(self.text) - self._max_stop + 1)
         self.text += self._detok.push(token_id)
         if may_stop and self.params.stop:
-            found = [i for s in self.params.stop if (i := self.text.find(s, search_from)) >= 0]
+            found = [(i, s) for s in self.params.stop if (i := self.text.find(s, search_from)) >= 0]
             if found:
-                self.text = self.text[: min(found)]
+                at, self.stop_reason = min(found)
+                self.text = self.text[:at]
                 return self._finish(STOP, "")
         if self.num_tokens >= self.params.max_tokens:
             return self._finish(LENGTH, self._detok.flush())

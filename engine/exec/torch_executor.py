@@ -11,6 +11,7 @@ model's layers are read from: ``slots.WeightFrames``.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -50,6 +51,7 @@ class _Sequence:
     stop: StopChecker
     logprobs: list[TokenLogprob] = field(default_factory=list)
     outputs: list[int] = field(default_factory=list)  # the tokens sampled so far
+    prompt: tuple[int, ...] = ()  # for the repetition penalty
 
 
 class TorchExecutor(Executor):
@@ -83,19 +85,27 @@ class TorchExecutor(Executor):
         """Stop running a model (none of its requests may be scheduled again)."""
         del self.models[name]
 
-    def add_request(self, request_id: str, model: str, params: SamplingParams) -> None:
+    def add_request(
+        self, request_id: str, model: str, params: SamplingParams, prompt: Sequence[int] = ()
+    ) -> None:
         served = self.models[model]
         detok = IncrementalDetokenizer(served.token_bytes)
         self._sequences[request_id] = _Sequence(
             params=params,
             generator=request_generator(params, served.model.device),
             stop=StopChecker(params, served.eos_token_ids, detok),
+            prompt=tuple(prompt) if params.repetition_penalty != 1 else (),
         )
 
     def output(self, request_id: str) -> tuple[str, str | None]:
         """The request's text so far and its finish reason (None while running)."""
         stop = self._sequences[request_id].stop
         return stop.text, stop.finish_reason
+
+    def stop_reason(self, request_id: str) -> str | int | None:
+        """The stop string or stop token id that ended the request (vLLM's
+        ``stop_reason``); None for EOS, the length limit, or while running."""
+        return self._sequences[request_id].stop.stop_reason
 
     def take_logprobs(self, request_id: str) -> list[TokenLogprob]:
         """The log-probabilities of the tokens sampled since the last call (requests
@@ -187,7 +197,7 @@ class TorchExecutor(Executor):
         params = [s.params for s in sampling]
         outputs = [s.outputs for s in sampling]
         tokens = sample(
-            apply_penalties(logits, params, outputs),
+            apply_penalties(logits, params, outputs, [s.prompt for s in sampling]),
             params,
             [s.generator for s in sampling],
             [s.stop.banned_tokens() for s in sampling],

@@ -1,6 +1,7 @@
 """The aiohttp application: routes, auth, request ids, errors, and graceful shutdown.
 
-Routes: ``GET /health`` (no auth), ``GET /v1/models``, ``POST /v1/completions``,
+Routes: ``GET /health`` (no auth), ``GET /v1/models`` and ``/v1/models/{id}``,
+``POST /v1/completions``,
 ``POST /v1/chat/completions``, ``GET /metrics``, ``GET /admin/state``,
 ``POST /admin/drain``, ``PUT /admin/deployments``. With a token set, every route but
 ``/health`` needs ``Authorization: Bearer TOKEN``. Every error is an OpenAI error body,
@@ -58,6 +59,7 @@ def build_app(state: ServerState, *, max_body_bytes: int = MAX_BODY_BYTES) -> we
     logging.getLogger("aiohttp.server").addFilter(_malformed)  # once: a filter is kept once
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/v1/models/{model:.+}", get_model)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/metrics", metrics)
@@ -151,17 +153,31 @@ async def health(request: web.Request) -> web.Response:
 
 async def list_models(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    data = [
-        {
-            "id": name,
-            "object": "model",
-            "created": state.started,
-            "owned_by": "shunter",
-            "max_model_len": served.max_context,
-        }
-        for name, served in state.models.items()
-    ]
+    data = [_model_object(state, name) for name in state.models]
     return web.json_response({"object": "list", "data": data})
+
+
+async def get_model(request: web.Request) -> web.Response:
+    """``GET /v1/models/{model}``: one served model, or 404 ``model_not_found``."""
+    state, name = request.app[STATE], request.match_info["model"]
+    if name not in state.models:
+        raise ApiError(
+            404,
+            f"The model {name!r} does not exist.",
+            type="invalid_request_error",
+            code="model_not_found",
+        )
+    return web.json_response(_model_object(state, name))
+
+
+def _model_object(state: ServerState, name: str) -> dict[str, object]:
+    return {
+        "id": name,
+        "object": "model",
+        "created": state.started,
+        "owned_by": "shunter",
+        "max_model_len": state.models[name].max_context,
+    }
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -56,6 +56,7 @@ class Delta:
     finish_reason: str | None = None
     error: str | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    stop_reason: str | int | None = None
 
 
 class Stream:
@@ -296,7 +297,13 @@ class EngineLoop:
             else:
                 del self._streams[request_id]
                 metrics.on_finish(request, output.finish_reason, stream.tenant)
-                delta = Delta(new, text, output.finish_reason, logprobs=logprobs)
+                delta = Delta(
+                    new,
+                    text,
+                    output.finish_reason,
+                    logprobs=logprobs,
+                    stop_reason=output.stop_reason,
+                )
             deliveries.setdefault(stream.loop, []).append((stream, delta))
         # Before deliveries: a client that saw its request end reads a state without it.
         if outputs or self.snapshot.age_s() >= SNAPSHOT_INTERVAL_S:

@@ -53,6 +53,7 @@ class _Choice:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    stop_reason: str | int | None = None  # the stop string or token that ended it
     logprobs: list[TokenLogprob] = field(default_factory=list)
     logprob_offset: int = 0  # completions: text length of the tokens reported so far
 
@@ -111,6 +112,8 @@ class _Call:
             out["text"] = text
         out["logprobs"] = self._logprobs(c, logprobs or [])
         out["finish_reason"] = finish
+        # vLLM's: the stop string or stop token id that ended the choice, else null.
+        out["stop_reason"] = c.stop_reason if finish is not None else None
         if self.return_token_ids:
             out["token_ids"] = token_ids
         return out
@@ -235,7 +238,7 @@ async def _deltas(
         c.token_ids += delta.token_ids
         c.logprobs += delta.logprobs
         if delta.finish_reason is not None:
-            c.finish_reason = delta.finish_reason
+            c.finish_reason, c.stop_reason = delta.finish_reason, delta.stop_reason
             left -= 1
         yield c, delta
 

@@ -44,6 +44,10 @@ async def test_the_django_front_answers_like_the_fast_path(
     r = await client.get("/v1/models", **auth)
     assert r.status_code == 200 and [m["id"] for m in r.json()["data"]] == ["llama"]
     assert r["X-Request-Id"] == "via-django"
+    r = await client.get("/v1/models/llama", **auth)
+    assert r.status_code == 200 and r.json()["id"] == "llama"
+    r = await client.get("/v1/models/qwen", **auth)  # deployed, not this key's: unseen
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
     r = await client.post("/v1/completions", "{}", "application/json", secure=True)
     assert r.status_code == 401
     qwen = json.dumps({"model": "qwen"})

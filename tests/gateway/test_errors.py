@@ -126,6 +126,10 @@ def test_bad_bodies_models_and_methods(setup: Setup) -> None:
     assert r.status == 405 and r.headers["allow"] == "POST"
     r = call("POST", url + "/v1/embeddings", {"model": "llama"}, headers=bearer(setup.secret))
     assert r.status == 404 and r.error["code"] == "unknown_url"
+    r = get(url + "/v1/models/llama", headers=bearer(setup.secret))
+    assert r.status == 200 and r.json()["id"] == "llama"
+    r = get(url + "/v1/models/qwen", headers=bearer(setup.secret))
+    assert r.status == 404 and r.error["code"] == "model_not_found"
 
 
 def test_a_disabled_deployment_is_unavailable(setup: Setup) -> None:

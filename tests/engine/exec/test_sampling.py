@@ -140,3 +140,35 @@ def test_penalties_lower_the_logits_of_output_tokens() -> None:
     assert out[1].tolist() == [0.0, -1.0, 0.0, -0.5, 0.0]
     assert out[2].tolist() == [0.0] * 5
     assert logits.eq(0).all()  # the input is left as it was
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative_seen_logits() -> None:
+    logits = torch.tensor([[2.0, -2.0, 2.0, 1.0]])
+    params = [SamplingParams(repetition_penalty=2.0)]
+    out = apply_penalties(logits, params, [[1]], [[0]])  # token 0 in the prompt, 1 output
+    assert out[0].tolist() == [1.0, -4.0, 2.0, 1.0]
+
+
+def test_logit_bias_can_force_or_ban_a_greedy_token() -> None:
+    logits = torch.tensor([[5.0, 1.0, 0.0]])
+    forced = [SamplingParams(temperature=0.0, logit_bias=((2, 100.0),))]
+    assert sample(apply_penalties(logits, forced, [[]]), forced, [None]) == [2]
+    banned = [SamplingParams(temperature=0.0, logit_bias=((0, -100.0),))]
+    assert sample(apply_penalties(logits, banned, [[]]), banned, [None]) == [1]
+
+
+def test_min_p_drops_tokens_far_below_the_most_likely() -> None:
+    # Probabilities about 0.66, 0.24, 0.09 and 0.01 at temperature 1.
+    logits = torch.log(torch.tensor([[0.66, 0.24, 0.09, 0.01]]))
+    kept = filtered_probs(logits, [SamplingParams(min_p=0.2)])[0]
+    assert (kept > 0).tolist() == [True, True, False, False]
+    assert (filtered_probs(logits, [SamplingParams()])[0] > 0).all()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"repetition_penalty": 0.0}, {"min_p": 1.5}, {"logit_bias": ((1, 101.0),)}],
+)
+def test_new_sampling_params_are_checked(bad: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        SamplingParams(**bad)  # type: ignore[arg-type]

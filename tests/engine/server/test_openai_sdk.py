@@ -33,6 +33,14 @@ def test_models_lists_both(client: openai.OpenAI) -> None:
     assert sorted(m.id for m in client.models.list()) == ["llama", "qwen"]
 
 
+def test_one_model_is_retrieved_by_id(client: openai.OpenAI) -> None:
+    model = client.models.retrieve("qwen")
+    assert model.id == "qwen" and model.object == "model"
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("no-such-model")
+    assert e.value.code == "model_not_found"
+
+
 def test_completion_usage_and_length(client: openai.OpenAI) -> None:
     out = client.completions.create(model="llama", prompt=PROMPT, max_tokens=5, temperature=0)
     assert out.object == "text_completion" and out.model == "llama"
@@ -242,3 +250,44 @@ def test_frequency_penalty_stops_greedy_repeats(client: openai.OpenAI) -> None:
     plain_ids = plain.choices[0].model_extra["token_ids"]  # type: ignore[index]
     # Random weights repeat under greedy decoding; heavy penalties make repeats rarer.
     assert len(set(ids)) > len(set(plain_ids)) or len(set(ids)) == len(ids)
+
+
+def test_stop_token_ids_end_a_choice_with_vllms_stop_reason(client: openai.OpenAI) -> None:
+    def complete(**extra: Any) -> Any:
+        return client.completions.create(
+            model="llama",
+            prompt=PROMPT,
+            max_tokens=12,
+            temperature=0,
+            extra_body={"ignore_eos": True, "return_token_ids": True, **extra},
+        ).choices[0]
+
+    plain = complete()
+    ids = plain.model_extra["token_ids"]
+    assert plain.finish_reason == "length" and plain.model_extra["stop_reason"] is None
+    stopped = complete(stop_token_ids=[ids[3]])
+    first = ids.index(ids[3])  # greedy: the same tokens up to the first occurrence
+    assert stopped.finish_reason == "stop"
+    assert stopped.model_extra["stop_reason"] == ids[3]
+    assert stopped.model_extra["token_ids"] == ids[: first + 1]
+    # A logit bias of +100 makes a token every greedy choice.
+    biased = complete(logit_bias={str(ids[0] + 1): 100})
+    assert set(biased.model_extra["token_ids"]) == {ids[0] + 1}
+
+
+def test_a_stop_string_is_the_stop_reason(client: openai.OpenAI) -> None:
+    plain = client.completions.create(
+        model="llama", prompt=PROMPT, max_tokens=12, temperature=0, extra_body={"ignore_eos": True}
+    ).choices[0]
+    stop = plain.text[2:4]
+    assert stop
+    cut = client.completions.create(
+        model="llama",
+        prompt=PROMPT,
+        max_tokens=12,
+        temperature=0,
+        stop=[stop],
+        extra_body={"ignore_eos": True},
+    ).choices[0]
+    assert cut.finish_reason == "stop" and cut.model_extra["stop_reason"] == stop
+    assert stop not in cut.text

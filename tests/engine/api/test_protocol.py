@@ -1,0 +1,94 @@
+"""Request bodies: vLLM's and OpenAI's sampling parameters taken, the ones the engine
+does not implement refused with a 400 that says so."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from shunter.engine.api.errors import ApiError
+from shunter.engine.api.protocol import parse_completion
+
+
+class Info:
+    name = "m"
+    max_context = 256
+    vocab_size = 100
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        return [1 + len(word) % 50 for word in text.split()]
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        return " ".join(m["content"] for m in messages)
+
+
+def parse(**fields: Any) -> Any:
+    return parse_completion({"model": "m", "prompt": "a b c", **fields}, Info())
+
+
+def refusal(**fields: Any) -> ApiError:
+    with pytest.raises(ApiError) as e:
+        parse(**fields)
+    assert e.value.status == 400
+    return e.value
+
+
+def test_vllm_sampling_parameters_reach_the_sampler() -> None:
+    params = parse(
+        stop_token_ids=[7, 9],
+        repetition_penalty=1.3,
+        min_p=0.05,
+        logit_bias={"12": 5, "3": -100},
+    ).params
+    assert params.stop_token_ids == (7, 9)
+    assert params.repetition_penalty == 1.3 and params.min_p == 0.05
+    assert params.logit_bias == ((3, -100.0), (12, 5.0))
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"stop_token_ids": [100]}, "stop_token_ids"),
+        ({"stop_token_ids": "7"}, "stop_token_ids"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"min_p": 2}, "min_p"),
+        ({"logit_bias": {"x": 1}}, "logit_bias"),
+        ({"logit_bias": {"5": 101}}, "logit_bias"),
+        ({"logit_bias": [1]}, "logit_bias"),
+    ],
+)
+def test_bad_values_name_their_parameter(fields: dict[str, Any], param: str) -> None:
+    assert refusal(**fields).param == param
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({"echo": True}, "'echo'"),
+        ({"suffix": "end"}, "'suffix'"),
+        ({"tools": [{"type": "function"}]}, "function calling"),
+        ({"tool_choice": "required"}, "function calling"),
+        ({"response_format": {"type": "json_object"}}, "JSON mode"),
+        ({"best_of": 3}, "'best_of'"),
+    ],
+)
+def test_what_the_engine_does_not_implement_is_refused_saying_so(
+    fields: dict[str, Any], says: str
+) -> None:
+    error = refusal(**fields)
+    assert says in error.message and "not supported" in error.message
+
+
+def test_what_changes_nothing_here_is_taken() -> None:
+    request = parse(
+        store=False,
+        parallel_tool_calls=True,
+        response_format={"type": "text"},
+        best_of=2,
+        n=2,
+        echo=False,
+        tools=[],
+    )
+    assert request.n == 2
+    assert refusal(misspelt=1).message == "Unknown parameter: 'misspelt'."
