@@ -170,14 +170,14 @@ def run_calibrate(
     *, device_name: str | None, models: Sequence[str | Path], out: Path, quick: bool, say: Say
 ) -> dict[str, Any]:
     """Check the arguments, calibrate, write the profile to ``out`` and return it."""
-    from shunter.engine.generate.inputs import GenerateError
+    from shunter.engine.errors import ServeError
     from shunter.engine.generate.run import available_device
 
     check_out(out)
     dirs = model_dirs(models)
     try:
         device = available_device(device_name)
-    except GenerateError as e:
+    except ServeError as e:
         raise CalibrationError(str(e)) from None
     profile = calibrate(device=device, models=dirs, quick=quick, say=say)
     out.write_text(json.dumps(profile, indent=2) + "\n")

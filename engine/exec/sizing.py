@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from shunter.engine.config import EngineConfig, ModelSpec, RemapConfig, RotationConfig
-from shunter.engine.generate.inputs import GenerateError
+from shunter.engine.errors import ServeError
 from shunter.engine.memory.kv_memory import KVMemory
 from shunter.engine.memory.weights import pages_for
 
@@ -65,10 +65,10 @@ def default_host_swap_bytes(specs: Sequence[ModelSpec], needs: Sequence[KVNeed])
 
 
 def check_host_budget(host_budget: int, num_models: int) -> None:
-    """GenerateError when a swap tensor of ``host_budget`` bytes per model exceeds RAM."""
+    """ServeError when a swap tensor of ``host_budget`` bytes per model exceeds RAM."""
     ram = host_ram_bytes()
     if host_budget * num_models > ram:
-        raise GenerateError(
+        raise ServeError(
             f"--host-budget {host_budget} is too large: each of the {num_models} models "
             f"keeps a host swap tensor of that size, {host_budget * num_models} bytes in "
             f"all, and the host has {ram} bytes of memory"
@@ -89,8 +89,8 @@ def serving_config(
 
     Without ``hbm_budget`` the arena holds every request at full length (each model's
     equal share of the KV pages holds all of its requests); with it, the arena is that
-    many bytes, and GenerateError says when the weights or a single request do not fit.
-    Host swap space is ``host_swap_bytes`` (GenerateError when the models' swap tensors
+    many bytes, and ServeError says when the weights or a single request do not fit.
+    Host swap space is ``host_swap_bytes`` (ServeError when the models' swap tensors
     would exceed RAM), by default ``default_host_swap_bytes`` of ``needs``.
 
     With ``remap`` the engine lends weight layers to the KV cache (Oneiros), but
@@ -138,13 +138,13 @@ def serving_config(
     try:
         memory = KVMemory(config(hbm_budget))
     except ValueError as e:
-        raise GenerateError(
+        raise ServeError(
             f"--hbm-budget {hbm_budget} is too small for the weights "
             f"({weight_bytes(specs, page_bytes)} bytes in {page_bytes}-byte pages): {e}"
         ) from None
     for need, n in zip(needs, blocks, strict=True):
         if n > memory.num_total_blocks(need.model):
-            raise GenerateError(
+            raise ServeError(
                 f"--hbm-budget {hbm_budget} is too small to hold request {need.where}: it "
                 f"needs {n} KV blocks of model {need.model!r}, and the model's share of the "
                 f"arena after the weights holds {memory.num_total_blocks(need.model)}"

@@ -117,12 +117,12 @@ def add_generate_parser(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def cmd_generate(ns: argparse.Namespace) -> int:
-    from shunter.engine.generate.inputs import GenerateError
+    from shunter.engine.errors import ServeError
     from shunter.engine.generate.run import format_json, format_text, generate_from_args
 
     try:
         result = generate_from_args(ns)
-    except GenerateError as e:
+    except ServeError as e:
         print(f"shunter generate: error: {e}", file=sys.stderr)
         return 2
     for warning in result.warnings:

@@ -1,6 +1,6 @@
 """What ``shunter generate`` is asked to run: model directories and requests.
 
-Pure parsing and checks, no torch: every mistake becomes a ``GenerateError`` whose
+Pure parsing and checks, no torch: every mistake becomes a ``ServeError`` whose
 message names the flag, file line or request at fault.
 """
 
@@ -12,11 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from shunter.engine.errors import ServeError
+
 REQUEST_FIELDS = ("model", "prompt_ids", "prompt", "max_tokens")
-
-
-class GenerateError(Exception):
-    """Input that ``shunter generate`` cannot run; the message is for the user."""
 
 
 @dataclass(frozen=True)
@@ -42,13 +40,13 @@ def parse_model_arg(value: str) -> tuple[str, Path]:
 def check_model_dirs(models: Sequence[tuple[str, Path]]) -> dict[str, Path]:
     names = [name for name, _ in models]
     if len(set(names)) != len(names):
-        raise GenerateError(f"model names must be unique, got {names}; use --model NAME=DIR")
+        raise ServeError(f"model names must be unique, got {names}; use --model NAME=DIR")
     for name, path in models:
         if not path.is_dir():
-            raise GenerateError(f"model {name!r}: directory {path} does not exist")
+            raise ServeError(f"model {name!r}: directory {path} does not exist")
         for file in ("config.json", "tokenizer.json"):
             if not (path / file).is_file():
-                raise GenerateError(f"model {name!r}: {path} has no {file}")
+                raise ServeError(f"model {name!r}: {path} has no {file}")
     return dict(models)
 
 
@@ -59,7 +57,7 @@ def read_requests(
     try:
         lines = path.read_text().splitlines()
     except OSError as e:
-        raise GenerateError(f"cannot read {path}: {e.strerror}") from None
+        raise ServeError(f"cannot read {path}: {e.strerror}") from None
     requests = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -68,10 +66,10 @@ def read_requests(
         try:
             item = json.loads(line)
         except json.JSONDecodeError as e:
-            raise GenerateError(f"{where}: not valid JSON: {e.msg} (column {e.colno})") from None
+            raise ServeError(f"{where}: not valid JSON: {e.msg} (column {e.colno})") from None
         requests.append(_request(item, where, models, default_max_tokens))
     if not requests:
-        raise GenerateError(f"{path} holds no requests")
+        raise ServeError(f"{path} holds no requests")
     return requests
 
 
@@ -79,29 +77,29 @@ def _request(
     item: object, where: str, models: Sequence[str], default_max_tokens: int
 ) -> GenerateRequest:
     if not isinstance(item, dict):
-        raise GenerateError(f"{where}: expected a JSON object")
+        raise ServeError(f"{where}: expected a JSON object")
     unknown = sorted(set(item) - set(REQUEST_FIELDS))
     if unknown:
-        raise GenerateError(f"{where}: unknown fields {unknown}; expected {list(REQUEST_FIELDS)}")
+        raise ServeError(f"{where}: unknown fields {unknown}; expected {list(REQUEST_FIELDS)}")
     model = item.get("model")
     if model is None and len(models) == 1:
         model = models[0]
     if not isinstance(model, str) or model not in models:
         known = ", ".join(models)
-        raise GenerateError(f"{where}: unknown model {model!r}; --model gives {known}")
+        raise ServeError(f"{where}: unknown model {model!r}; --model gives {known}")
     if ("prompt_ids" in item) == ("prompt" in item):
-        raise GenerateError(f"{where}: give exactly one of prompt_ids and prompt")
+        raise ServeError(f"{where}: give exactly one of prompt_ids and prompt")
     ids = item.get("prompt_ids")
     if ids is not None and not (
         isinstance(ids, list) and all(type(t) is int and t >= 0 for t in ids)
     ):
-        raise GenerateError(f"{where}: prompt_ids must be a list of token ids (ints >= 0)")
+        raise ServeError(f"{where}: prompt_ids must be a list of token ids (ints >= 0)")
     prompt = item.get("prompt")
     if prompt is not None and not isinstance(prompt, str):
-        raise GenerateError(f"{where}: prompt must be a string")
+        raise ServeError(f"{where}: prompt must be a string")
     max_tokens = item.get("max_tokens", default_max_tokens)
     if type(max_tokens) is not int or max_tokens <= 0:
-        raise GenerateError(f"{where}: max_tokens must be a positive integer")
+        raise ServeError(f"{where}: max_tokens must be a positive integer")
     return GenerateRequest(model, None if ids is None else tuple(ids), prompt, max_tokens, where)
 
 

@@ -3,7 +3,7 @@
 Requests come from one prompt (run on every model) or a JSON Lines file, and all run
 concurrently through the scheduler. Without ``--hbm-budget`` the arena holds every
 request at full length; with it, the arena is exactly that many bytes, so requests
-compete for KV blocks and rotate. Bad input raises ``GenerateError`` with a message for
+compete for KV blocks and rotate. Bad input raises ``ServeError`` with a message for
 the user, before any weights load.
 """
 
@@ -21,13 +21,13 @@ import torch
 from tokenizers import Tokenizer
 
 from shunter.engine.config import ModelSpec
+from shunter.engine.errors import ServeError
 from shunter.engine.exec.detok import token_speller
 from shunter.engine.exec.forced_remap import forced_layers
 from shunter.engine.exec.params import SamplingParams
 from shunter.engine.exec.serving import NoProgressError, TorchEngine, model_specs
 from shunter.engine.exec.sizing import KVNeed, serving_config
 from shunter.engine.generate.inputs import (
-    GenerateError,
     GenerateRequest,
     check_model_dirs,
     parse_model_arg,
@@ -95,7 +95,7 @@ def run_generate(requests: Sequence[GenerateRequest], options: GenerateOptions) 
     try:
         done = engine.run()
     except NoProgressError as e:
-        raise GenerateError(f"the engine stalled: {e}") from None
+        raise ServeError(f"the engine stalled: {e}") from None
     outputs = [
         {
             "model": done[i].model,
@@ -137,13 +137,13 @@ def _model_specs(models: Mapping[str, Path]) -> tuple[ModelSpec, ...]:
         try:
             specs += model_specs({name: path})
         except (ValueError, KeyError, TypeError) as e:
-            raise GenerateError(f"model {name!r}: {path}/config.json: {e}") from None
+            raise ServeError(f"model {name!r}: {path}/config.json: {e}") from None
     return tuple(specs)
 
 
 def _tokenizers(models: Mapping[str, Path]) -> dict[str, Tokenizer]:
     """Each model's tokenizer, checked before any weights load: one that cannot be read,
-    or whose tokens the engine cannot turn into text, is a GenerateError."""
+    or whose tokens the engine cannot turn into text, is a ServeError."""
     tokenizers = {}
     for name, path in models.items():
         file = path / "tokenizer.json"
@@ -151,11 +151,11 @@ def _tokenizers(models: Mapping[str, Path]) -> dict[str, Tokenizer]:
             tokenizer = Tokenizer.from_file(str(file))
         except Exception as e:  # the tokenizers library raises plain Exceptions
             first_line = (str(e).splitlines() or [type(e).__name__])[0]
-            raise GenerateError(f"model {name!r}: {file} cannot be read: {first_line}") from None
+            raise ServeError(f"model {name!r}: {file} cannot be read: {first_line}") from None
         try:
             token_speller(tokenizer)
         except ValueError as e:
-            raise GenerateError(f"model {name!r}: {file}: {e}") from None
+            raise ServeError(f"model {name!r}: {file}: {e}") from None
         tokenizers[name] = tokenizer
     return tokenizers
 
@@ -167,14 +167,14 @@ def _prompt_ids(request: GenerateRequest, spec: ModelSpec, tokenizer: Tokenizer)
         assert request.prompt is not None
         ids = tokenizer.encode(request.prompt).ids
     if not ids:
-        raise GenerateError(f"request {request.where}: the prompt has no tokens")
+        raise ServeError(f"request {request.where}: the prompt has no tokens")
     if max(ids) >= spec.vocab_size:
-        raise GenerateError(
+        raise ServeError(
             f"request {request.where}: token id {max(ids)} is outside the vocabulary of "
             f"model {spec.name!r} ({spec.vocab_size} tokens)"
         )
     if len(ids) + request.max_tokens > spec.max_context:
-        raise GenerateError(
+        raise ServeError(
             f"request {request.where}: {len(ids)} prompt tokens plus max_tokens "
             f"{request.max_tokens} exceed the context of model {spec.name!r} "
             f"({spec.max_context} tokens)"
@@ -209,7 +209,7 @@ def available_device(name: str | None) -> torch.device:
     if name is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise GenerateError("--device cuda: no CUDA device is available")
+        raise ServeError("--device cuda: no CUDA device is available")
     return torch.device(name)
 
 
@@ -217,7 +217,7 @@ def generate_from_args(ns: argparse.Namespace, *, check_integrity: bool = False)
     """Run ``shunter generate`` for its parsed arguments (``generate/cli.py``)."""
     models = check_model_dirs([parse_model_arg(v) for v in ns.model])
     if ns.greedy and ns.seed is not None:
-        raise GenerateError("--seed applies to sampling: use it with --temperature, not --greedy")
+        raise ServeError("--seed applies to sampling: use it with --temperature, not --greedy")
     if ns.requests is not None:
         requests = read_requests(ns.requests, list(models), ns.max_tokens)
     else:
@@ -225,7 +225,7 @@ def generate_from_args(ns: argparse.Namespace, *, check_integrity: bool = False)
             list(models), text=ns.prompt, ids=ns.prompt_ids, max_tokens=ns.max_tokens
         )
     if ns.force_remap_inactive and ns.force_remap is None:
-        raise GenerateError("--force-remap-inactive applies to --force-remap N")
+        raise ServeError("--force-remap-inactive applies to --force-remap N")
     params = SamplingParams(temperature=0.0 if ns.greedy else ns.temperature, seed=ns.seed)
     options = GenerateOptions(
         models=models,

@@ -114,7 +114,7 @@ def cmd_engine(ns: argparse.Namespace) -> int:
 
     from aiohttp import web
 
-    from shunter.engine.generate.inputs import GenerateError
+    from shunter.engine.errors import ServeError
     from shunter.engine.generate.run import available_device
     from shunter.engine.server.app import build_app
     from shunter.engine.server.serve import build_state
@@ -150,7 +150,7 @@ def cmd_engine(ns: argparse.Namespace) -> int:
             open_metrics=ns.open_metrics,
             check_integrity=ns.check_integrity,
         )
-    except (SettingsError, GenerateError) as e:
+    except (SettingsError, ServeError) as e:
         print(f"shunter engine: {e}", file=sys.stderr)
         return 2
     app = build_app(state)

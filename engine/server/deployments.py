@@ -36,8 +36,8 @@ from aiohttp import web
 
 from shunter.engine.api.deployments import DEPLOYMENT_KEYS
 from shunter.engine.api.errors import ApiError, bad_request
+from shunter.engine.errors import ServeError
 from shunter.engine.exec.serving import model_specs
-from shunter.engine.generate.inputs import GenerateError
 from shunter.engine.memory.kv_memory import NoRoom
 from shunter.engine.server.context import STATE, ServerState
 from shunter.engine.server.models import load_served_model
@@ -65,7 +65,7 @@ async def put_deployments(request: web.Request) -> web.Response:
         )
         check_model_dirs(desired)
         await asyncio.to_thread(engine_config, desired)
-    except (SettingsError, GenerateError, ValueError, KeyError, OSError) as e:
+    except (SettingsError, ServeError, ValueError, KeyError, OSError) as e:
         raise bad_request(f"The desired deployments cannot be served: {e}") from None
     async with state.reconcile_lock:
         return web.json_response(await reconcile(state, desired))

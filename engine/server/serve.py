@@ -29,7 +29,7 @@ def engine_config(settings: EngineSettings, *, check_integrity: bool = False) ->
     smaller than its own (``context_tokens``). Host swap space is ``host_budget`` bytes,
     by default what ``kv_tokens`` tokens of each model take, within half the host's
     memory over all models (so with ``hbm_budget`` alone ``kv_tokens`` sizes the host
-    swap space only). GenerateError
+    swap space only). ServeError
     says what does not fit."""
     specs = model_specs({m.name: m.path for m in settings.models})
     full, one = [], []

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from shunter.engine.errors import ServeError
 from shunter.engine.exec.serving import model_specs
 from shunter.engine.exec.sizing import (
     BLOCK_TOKENS,
@@ -14,7 +15,6 @@ from shunter.engine.exec.sizing import (
     host_ram_bytes,
     serving_config,
 )
-from shunter.engine.generate.inputs import GenerateError
 
 
 def test_host_swap_space_given_or_holding_every_need(tiny_dirs: dict[str, Path]) -> None:
@@ -40,5 +40,5 @@ def test_a_host_budget_beyond_ram_is_refused(tiny_dirs: dict[str, Path]) -> None
     specs = model_specs({"a": tiny_dirs["tiny-llama"], "b": tiny_dirs["tiny-qwen2"]})
     needs = [KVNeed("x", "a", 100)]
     too_much = host_ram_bytes() // 2 + 4096
-    with pytest.raises(GenerateError, match="host-budget"):
+    with pytest.raises(ServeError, match="host-budget"):
         serving_config(specs, needs, host_swap_bytes=too_much)
