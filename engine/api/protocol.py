@@ -10,11 +10,21 @@ vLLM parameters the engine does not implement are refused with a 400 saying so
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from shunter.engine.api.errors import bad_request
+from shunter.engine.api.fields import (
+    boolean,
+    integer,
+    is_int,
+    logit_bias,
+    min_tokens,
+    number,
+    stop_strings,
+    token_ids,
+    top_k,
+)
 from shunter.engine.exec.params import MAX_LOGPROBS, SamplingParams
 
 MAX_N = 8
@@ -26,7 +36,6 @@ MAX_N = 8
 # bounds ``n`` at 128 too.
 MAX_SEQUENCES = 128
 MAX_COMPLETION_LOGPROBS = 5  # the OpenAI API's bound for /v1/completions
-MAX_STOP = 4
 # The OpenAI API's default for /v1/completions; chat defaults to the rest of the context.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
@@ -56,7 +65,6 @@ _COMMON = {
     "parallel_tool_calls",
     "response_format",
 }
-MAX_LOGIT_BIAS = 300  # entries, as the OpenAI API bounds it
 MAX_STOP_TOKEN_IDS = 64
 # What the OpenAI or vLLM API offers and this engine refuses, and why.
 UNSUPPORTED = {
@@ -126,12 +134,12 @@ def parse_completion(
     """A completions body; a 400 past ``max_sequences`` (prompts x n), before any
     prompt is tokenized."""
     _check_fields(body, COMPLETION_FIELDS)
-    logprobs = _int(body, "logprobs", 0, MAX_COMPLETION_LOGPROBS, None)
+    logprobs = integer(body, "logprobs", 0, MAX_COMPLETION_LOGPROBS, None)
     texts = _prompt_list(body.get("prompt"))
     _check_sequences(len(texts), _n(body), max_sequences)
     prompts = [_prompt_ids(p, info) for p in texts]
     default = COMPLETIONS_DEFAULT_MAX_TOKENS
-    max_tokens = _int(body, "max_tokens", 1, None, None)
+    max_tokens = integer(body, "max_tokens", 1, None, None)
     return _request(body, info, prompts, max_tokens, default, logprobs)
 
 
@@ -141,8 +149,8 @@ def parse_chat(
     """A chat body; a 400 past ``max_sequences`` (n)."""
     _check_fields(body, CHAT_FIELDS)
     _check_sequences(1, _n(body), max_sequences)
-    top = _int(body, "top_logprobs", 0, MAX_LOGPROBS, None)
-    if not _bool(body, "logprobs", False):
+    top = integer(body, "top_logprobs", 0, MAX_LOGPROBS, None)
+    if not boolean(body, "logprobs", False):
         if top is not None:
             raise bad_request("'top_logprobs' needs 'logprobs': true.", "top_logprobs")
         logprobs = None
@@ -156,9 +164,9 @@ def parse_chat(
     # The template writes its own special tokens (a BOS among them): adding the
     # tokenizer's would double them, as Hugging Face's apply_chat_template avoids.
     prompt = _prompt_ids(text, info, add_special_tokens=False)
-    max_tokens = _int(body, "max_completion_tokens", 1, None, None)
+    max_tokens = integer(body, "max_completion_tokens", 1, None, None)
     if max_tokens is None:
-        max_tokens = _int(body, "max_tokens", 1, None, None)
+        max_tokens = integer(body, "max_tokens", 1, None, None)
     return _request(body, info, [prompt], max_tokens, None, logprobs)
 
 
@@ -190,7 +198,7 @@ def _request(
         )
     if "user" in body and not isinstance(body["user"], str):
         raise bad_request("'user' must be a string.", "user")
-    stream = _bool(body, "stream", False)
+    stream = boolean(body, "stream", False)
     options = body.get("stream_options")
     include_usage = continuous_usage = False
     if options is not None:
@@ -200,33 +208,33 @@ def _request(
             raise bad_request(
                 "'stream_options' may only hold 'include_usage' and 'continuous_usage_stats'."
             )
-        include_usage = _bool(options, "include_usage", False)
+        include_usage = boolean(options, "include_usage", False)
         # As vLLM: usage on every chunk only along with the final usage chunk.
-        continuous_usage = include_usage and _bool(options, "continuous_usage_stats", False)
-    seed = _int(body, "seed", -(2**63), 2**63 - 1, None)
+        continuous_usage = include_usage and boolean(options, "continuous_usage_stats", False)
+    seed = integer(body, "seed", -(2**63), 2**63 - 1, None)
     n = _n(body)
-    best_of = _int(body, "best_of", 1, MAX_N, None)
+    best_of = integer(body, "best_of", 1, MAX_N, None)
     if best_of is not None and best_of != n:
         raise bad_request(
             f"'best_of' other than n (here {n}) is not supported: each choice is returned.",
             "best_of",
         )
     params = SamplingParams(
-        temperature=_float(body, "temperature", 0.0, 2.0, 1.0),
-        top_p=_float(body, "top_p", 0.0, 1.0, 1.0, open_low=True),
-        top_k=_top_k(body),
+        temperature=number(body, "temperature", 0.0, 2.0, 1.0),
+        top_p=number(body, "top_p", 0.0, 1.0, 1.0, open_low=True),
+        top_k=top_k(body),
         seed=None if seed is None else seed % 2**63,
         max_tokens=max_tokens,
-        min_tokens=_min_tokens(body, max_tokens),
-        stop=_stop(body.get("stop")),
-        ignore_eos=_bool(body, "ignore_eos", False),
-        presence_penalty=_float(body, "presence_penalty", -2.0, 2.0, 0.0),
-        frequency_penalty=_float(body, "frequency_penalty", -2.0, 2.0, 0.0),
+        min_tokens=min_tokens(body, max_tokens),
+        stop=stop_strings(body.get("stop")),
+        ignore_eos=boolean(body, "ignore_eos", False),
+        presence_penalty=number(body, "presence_penalty", -2.0, 2.0, 0.0),
+        frequency_penalty=number(body, "frequency_penalty", -2.0, 2.0, 0.0),
         logprobs=logprobs,
-        stop_token_ids=_token_ids(body, "stop_token_ids", info, MAX_STOP_TOKEN_IDS),
-        repetition_penalty=_float(body, "repetition_penalty", 0.0, 2.0, 1.0, open_low=True),
-        min_p=_float(body, "min_p", 0.0, 1.0, 0.0),
-        logit_bias=_logit_bias(body.get("logit_bias"), info),
+        stop_token_ids=token_ids(body, "stop_token_ids", info.vocab_size, MAX_STOP_TOKEN_IDS),
+        repetition_penalty=number(body, "repetition_penalty", 0.0, 2.0, 1.0, open_low=True),
+        min_p=number(body, "min_p", 0.0, 1.0, 0.0),
+        logit_bias=logit_bias(body.get("logit_bias"), info.vocab_size),
     )
     return GenerationRequest(
         model=info.name,
@@ -240,7 +248,7 @@ def _request(
 
 
 def _n(body: dict[str, Any]) -> int:
-    return _int(body, "n", 1, MAX_N, 1) or 1
+    return integer(body, "n", 1, MAX_N, 1) or 1
 
 
 def _check_sequences(prompts: int, n: int, max_sequences: int) -> None:
@@ -275,129 +283,16 @@ def _check_fields(body: dict[str, Any], allowed: set[str]) -> None:
             raise bad_request(f"'{name}' must be a boolean.", name)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _int(
-    body: dict[str, Any], name: str, lo: int, hi: int | None, default: int | None
-) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not _is_int(value):
-        raise bad_request(f"'{name}' must be an integer.", name)
-    if value < lo or (hi is not None and value > hi):
-        bounds = f">= {lo}" if hi is None else f"between {lo} and {hi}"
-        raise bad_request(f"'{name}' must be {bounds}, got {value}.", name)
-    return int(value)
-
-
-def _float(
-    body: dict[str, Any], name: str, lo: float, hi: float, default: float, *, open_low: bool = False
-) -> float:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not (_is_int(value) or isinstance(value, float)) or not math.isfinite(value):
-        raise bad_request(f"'{name}' must be a number.", name)
-    if value < lo or value > hi or (open_low and value == lo):
-        low = "(" if open_low else "["
-        raise bad_request(f"'{name}' must be in {low}{lo}, {hi}], got {value}.", name)
-    return float(value)
-
-
-def _bool(body: dict[str, Any], name: str, default: bool) -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise bad_request(f"'{name}' must be a boolean.", name)
-    return value
-
-
-def _top_k(body: dict[str, Any]) -> int:
-    value = body.get("top_k")
-    if value is None or value == -1:  # vLLM's "off"
-        return 0
-    return _int(body, "top_k", 0, None, 0) or 0
-
-
-def _min_tokens(body: dict[str, Any], max_tokens: int) -> int:
-    value = _int(body, "min_tokens", 0, None, 0) or 0
-    if value > max_tokens:
-        raise bad_request(
-            f"'min_tokens' ({value}) must not exceed max_tokens ({max_tokens}).", "min_tokens"
-        )
-    return value
-
-
-def _token_ids(
-    body: dict[str, Any], name: str, info: ServedModelInfo, limit: int
-) -> tuple[int, ...]:
-    """A list of the model's token ids (at most ``limit``)."""
-    value = body.get(name)
-    if value is None:
-        return ()
-    if not isinstance(value, list) or not all(_is_int(t) for t in value):
-        raise bad_request(f"'{name}' must be a list of token ids.", name)
-    if len(value) > limit:
-        raise bad_request(f"'{name}' takes at most {limit} token ids.", name)
-    if value and (min(value) < 0 or max(value) >= info.vocab_size):
-        raise bad_request(
-            f"'{name}' holds a token id outside the vocabulary ({info.vocab_size} tokens).", name
-        )
-    return tuple(value)
-
-
-def _logit_bias(value: Any, info: ServedModelInfo) -> tuple[tuple[int, float], ...]:
-    """OpenAI's ``logit_bias``: token ids (as JSON object keys) to biases in
-    [-100, 100]."""
-    if value is None:
-        return ()
-    if not isinstance(value, dict):
-        raise bad_request("'logit_bias' must map token ids to biases.", "logit_bias")
-    if len(value) > MAX_LOGIT_BIAS:
-        raise bad_request(f"'logit_bias' takes at most {MAX_LOGIT_BIAS} tokens.", "logit_bias")
-    biases = []
-    for key, bias in value.items():
-        token = int(key) if isinstance(key, str) and key.isdigit() else -1
-        if not 0 <= token < info.vocab_size:
-            raise bad_request(
-                f"'logit_bias' key {key!r} is not a token id of this model "
-                f"(0..{info.vocab_size - 1}).",
-                "logit_bias",
-            )
-        if not (_is_int(bias) or isinstance(bias, float)) or not -100 <= bias <= 100:
-            raise bad_request(
-                f"'logit_bias' values must be numbers in [-100, 100], got {bias!r}.",
-                "logit_bias",
-            )
-        biases.append((token, float(bias)))
-    return tuple(sorted(biases))
-
-
-def _stop(value: Any) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    stops = [value] if isinstance(value, str) else value
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-        raise bad_request("'stop' must be a non-empty string or a list of them.", "stop")
-    if len(stops) > MAX_STOP:
-        raise bad_request(f"'stop' takes at most {MAX_STOP} strings.", "stop")
-    return tuple(stops)
-
-
 def _prompt_list(prompt: Any) -> list[str | list[int]]:
     """A completions prompt: a string, a list of strings, token ids, or lists of them."""
     if isinstance(prompt, str) and prompt:
         return [prompt]
     if isinstance(prompt, list) and prompt:
-        if all(_is_int(t) for t in prompt):
+        if all(is_int(t) for t in prompt):
             return [prompt]
         if all(isinstance(p, str) and p for p in prompt):
             return list(prompt)
-        if all(isinstance(p, list) and p and all(_is_int(t) for t in p) for p in prompt):
+        if all(isinstance(p, list) and p and all(is_int(t) for t in p) for p in prompt):
             return list(prompt)
     raise bad_request(
         "'prompt' must be a string, a list of strings, a list of token ids or a list of "

@@ -211,6 +211,7 @@ def test_the_wire_format_imports_no_torch_aiohttp_or_django() -> None:
         for m in (
             "deployments",
             "errors",
+            "fields",
             "headers",
             "jsonbody",
             "protocol",
