@@ -131,3 +131,36 @@ def test_one_dockerfile_builds_every_app_service() -> None:
     assert (REPO / "Dockerfile").exists()
     for name in ("web", "worker", "benchmark-worker", "beat", "migrate", "engine"):
         assert SERVICES[name]["build"] == "."
+
+
+def test_the_image_copies_every_package_folder() -> None:
+    import tomllib
+
+    folders = set(
+        tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+            "package-dir"
+        ].values()
+    )
+    dockerfile = (REPO / "Dockerfile").read_text()
+    copied = set(re.findall(r"^COPY (\S+) \1$", dockerfile, re.MULTILINE))
+    assert folders <= copied, sorted(folders - copied)
+
+
+@pytest.mark.parametrize("name", ["web", "worker", "benchmark-worker", "beat"])
+def test_services_that_read_the_database_start_after_migrate(name: str) -> None:
+    depends = SERVICES[name]["depends_on"]
+    assert depends["migrate"] == {"condition": "service_completed_successfully"}
+
+
+def test_the_benchmark_volume_mounts_a_folder_the_image_makes_for_its_user() -> None:
+    mounts = {v.split(":")[1] for v in SERVICES["benchmark-worker"]["volumes"]}
+    (target,) = [m for m in mounts if m.endswith("/benchmarks")]
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert f"mkdir -p {target}" in dockerfile and "chown -R shunter /var/lib/shunter" in dockerfile
+    assert "USER shunter" in dockerfile
+
+
+def test_the_web_port_is_published_on_loopback_unless_asked() -> None:
+    (port,) = SERVICES["web"]["ports"]
+    default = re.sub(r"\$\{SHUNTER_WEB_PORT:-([^}]*)\}", r"\1", port)
+    assert default == "127.0.0.1:8000:8000"
