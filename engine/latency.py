@@ -16,9 +16,10 @@ def ttft(arrival: float, first_token: float | None) -> float | None:
     return None if first_token is None else first_token - arrival
 
 
-def tpot(first_token: float | None, last_token: float | None, tokens: int) -> float | None:
-    """(last - first) / (tokens - 1); None below two tokens."""
-    if first_token is None or last_token is None or tokens < 2:
+def tpot(first_token: float | None, last_token: float | None, tokens: float) -> float | None:
+    """(last - first) / (tokens - 1); None for one token or none. ``tokens`` may be a
+    mean over several choices (the gateway sees their tokens together)."""
+    if first_token is None or last_token is None or tokens <= 1:
         return None
     return (last_token - first_token) / (tokens - 1)
 

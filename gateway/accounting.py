@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from shunter.engine import latency
 from shunter.engine.api.timing import EngineTiming
 from shunter.gateway.routes import Route
 
@@ -198,12 +199,14 @@ class Tally:
         else:
             completion = t.token_chunks
         ttft_ms = tpot_ms = max_itl_ms = None
-        if t.first is not None and t.last is not None:
-            ttft_ms = 1000 * (t.first - t.t0)
+        ttft_s = latency.ttft(t.t0, t.first)
+        if ttft_s is not None and t.last is not None:
+            ttft_ms = 1000 * ttft_s
             per_choice = completion / t.num_choices
             if self.stream:
-                if per_choice > 1:
-                    tpot_ms = 1000 * (t.last - t.first) / (per_choice - 1)
+                tpot_s = latency.tpot(t.first, t.last, per_choice)
+                if tpot_s is not None:
+                    tpot_ms = 1000 * tpot_s
                 if t.token_chunks > 1:
                     max_itl_ms = 1000 * t.max_gap
             elif self.engine_timing is not None:

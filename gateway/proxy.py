@@ -60,6 +60,7 @@ from shunter.gateway.upstream import (
     read_timeout,
     sessions,
 )
+from shunter.tenants.selectors import request_class
 
 log = logging.getLogger("shunter.gateway")
 
@@ -90,9 +91,11 @@ async def close_upstream(timeout_s: float = SHUTDOWN_ACCOUNTING_S) -> None:
 
 
 def slo_header(grant: KeyGrant, route: Route) -> str:
-    """The request's SLO class as ``X-Shunter-Slo``: the tenant's when it has one, else
-    the deployment's (the rule ``request_slo_class`` applies to the records)."""
-    return grant.slo_header or route.slo_header
+    """The request's SLO class as ``X-Shunter-Slo`` (``request_class``: the tenant's
+    when it has one, else the deployment's, as the records are judged)."""
+    header = request_class(grant.slo_header, route.slo_header)
+    assert header is not None  # every deployment has a class
+    return header
 
 
 def tenant_label(grant: KeyGrant) -> str:

@@ -6,13 +6,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db.models import Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
 
 from shunter.platform.models import Deployment, Model, SloClass
 from shunter.tenants.models import ApiKey, RequestRecord, Tenant, UsageRollup
+
+T = TypeVar("T")
 
 
 def tenant_list() -> QuerySet[Tenant]:
@@ -49,12 +51,25 @@ def api_key_models(*, api_key: ApiKey) -> QuerySet[Model]:
     return granted.filter(pk__in=api_key.model_scopes.values("pk"))
 
 
+def request_class(tenant_class: T | None, deployment_class: T | None) -> T | None:
+    """The rule of a request's SLO class, in whatever form the caller holds the classes
+    (rows, their ``X-Shunter-Slo`` values): its tenant's when the tenant has one, else its
+    deployment's. ``request_slo_field`` is the same rule in SQL."""
+    return tenant_class if tenant_class is not None else deployment_class
+
+
+def request_slo_field(field: str) -> Coalesce:
+    """``request_class`` over a usage row's ``tenant`` and ``deployment``: the SLO class
+    ``field`` of the class its requests were judged against."""
+    return Coalesce(f"tenant__default_slo_class__{field}", f"deployment__slo_class__{field}")
+
+
 def request_slo_class(tenant: Tenant, deployment: Deployment | None) -> SloClass | None:
-    """The SLO class of ``tenant``'s request on ``deployment``: the tenant's when set,
-    else the deployment's (None: neither, a request that reached no deployment)."""
-    if tenant.default_slo_class is not None:
-        return tenant.default_slo_class
-    return deployment.slo_class if deployment is not None else None
+    """The SLO class of ``tenant``'s request on ``deployment`` (``request_class``; None:
+    neither, a request that reached no deployment)."""
+    return request_class(
+        tenant.default_slo_class, None if deployment is None else deployment.slo_class
+    )
 
 
 def api_key_list(*, tenant: Tenant | int | None = None) -> QuerySet[ApiKey]:
@@ -127,12 +142,9 @@ def usage_summary(
             "deployment_id",
             "deployment__model__name",
             "node_name",
-            # The class the records were judged against (request_slo_class).
-            slo_name=Coalesce("tenant__default_slo_class__name", "deployment__slo_class__name"),
-            slo_target=Coalesce(
-                "tenant__default_slo_class__attainment_target",
-                "deployment__slo_class__attainment_target",
-            ),
+            # The class the records were judged against.
+            slo_name=request_slo_field("name"),
+            slo_target=request_slo_field("attainment_target"),
         )
         .annotate(**_SUMS)
         .order_by("tenant__name", "deployment__model__name", "deployment_id", "node_name")
