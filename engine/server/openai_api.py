@@ -16,9 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -38,104 +36,10 @@ from shunter.engine.api.protocol import (
     parse_completion,
 )
 from shunter.engine.api.timing import TIMING_HEADER, response_timing
-from shunter.engine.exec.params import TokenLogprob
 from shunter.engine.interfaces import Clock
 from shunter.engine.server.context import REQUEST_ID, STATE, ServerState
-from shunter.engine.server.logprobs import chat_logprobs, completion_logprobs
 from shunter.engine.server.loop import ABORTED, Delta, Stream
-from shunter.engine.server.models import ServedModel
-
-
-@dataclass
-class _Choice:
-    index: int
-    prompt_tokens: int
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-    stop_reason: str | int | None = None  # the stop string or token that ended it
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    logprob_offset: int = 0  # completions: text length of the tokens reported so far
-
-
-class _Call:
-    """One HTTP generation request: its choices' streams and the response format."""
-
-    def __init__(
-        self,
-        chat: bool,
-        request_id: str,
-        served: ServedModel,
-        extras: dict[str, Any],
-        with_logprobs: bool,
-    ) -> None:
-        self.chat = chat
-        self.id = ("chatcmpl-" if chat else "cmpl-") + request_id
-        self.model = served.name
-        self.token_bytes = served.token_bytes
-        self.with_logprobs = with_logprobs
-        self.created = int(time.time())
-        self.return_token_ids = bool(extras.get("return_token_ids"))
-
-    @property
-    def object(self) -> str:
-        return "chat.completion" if self.chat else "text_completion"
-
-    def envelope(self, choices: list[dict[str, Any]], *, chunk: bool) -> dict[str, Any]:
-        obj = self.object + (".chunk" if chunk and self.chat else "")
-        return {
-            "id": self.id,
-            "object": obj,
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        }
-
-    def choice(
-        self,
-        c: _Choice,
-        text: str,
-        token_ids: list[int],
-        finish: str | None,
-        *,
-        chunk: bool,
-        first: bool = False,
-        logprobs: list[TokenLogprob] | None = None,
-    ) -> dict[str, Any]:
-        out: dict[str, Any] = {"index": c.index}
-        if self.chat:
-            if chunk:
-                out["delta"] = {"role": "assistant", "content": ""} if first else {"content": text}
-            else:
-                out["message"] = {"role": "assistant", "content": text}
-        else:
-            out["text"] = text
-        out["logprobs"] = self._logprobs(c, logprobs or [])
-        out["finish_reason"] = finish
-        # vLLM's: the stop string or stop token id that ended the choice, else null.
-        out["stop_reason"] = c.stop_reason if finish is not None else None
-        if self.return_token_ids:
-            out["token_ids"] = token_ids
-        return out
-
-    def _logprobs(self, c: _Choice, entries: list[TokenLogprob]) -> dict[str, Any] | None:
-        if not self.with_logprobs:
-            return None
-        if self.chat:
-            return chat_logprobs(entries, self.token_bytes)
-        out = completion_logprobs(entries, self.token_bytes, c.logprob_offset)
-        c.logprob_offset += sum(len(t) for t in out["tokens"])
-        return out
-
-
-def usage(choices: list[_Choice], prompts: list[list[int]]) -> dict[str, int]:
-    prompt = sum(len(p) for p in prompts)
-    completion = sum(len(c.token_ids) for c in choices)
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-    }
+from shunter.engine.server.responses import Call, Choice, usage
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -187,7 +91,7 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
         request.headers.get(SLO_HEADER), state.slo_of(name), state.settings.slo_classes
     )
     tenant = request.headers.get(TENANT_HEADER, "")
-    call = _Call(chat, request[REQUEST_ID], served, extras, gen.params.logprobs is not None)
+    call = Call(chat, request[REQUEST_ID], served, extras, gen.params.logprobs is not None)
     loop = asyncio.get_running_loop()
     sink: asyncio.Queue[tuple[int, Delta]] = asyncio.Queue()
     streams = []
@@ -199,7 +103,7 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
             if params.seed is not None and i:
                 params = dataclasses.replace(params, seed=(params.seed + i) % 2**63)
             streams.append(Stream(index, name, prompt, params, slo, sink, loop, t_arr, tenant))
-            choices.append(_Choice(index, len(prompt)))
+            choices.append(Choice(index, len(prompt)))
     engine_loop = state.loop
     engine_loop.submit(streams)
     try:
@@ -213,12 +117,12 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
 
 
 async def _deltas(
-    choices: list[_Choice],
+    choices: list[Choice],
     sink: asyncio.Queue[tuple[int, Delta]],
     *,
     on_idle: Callable[[], Awaitable[None]] | None = None,
     idle_s: float = 0.0,
-) -> AsyncIterator[tuple[_Choice, Delta]]:
+) -> AsyncIterator[tuple[Choice, Delta]]:
     """The choices' deltas as they come; ``on_idle`` runs after each ``idle_s`` seconds
     without one."""
     left = len(choices)
@@ -244,9 +148,9 @@ async def _deltas(
 
 
 async def _collect(
-    call: _Call,
+    call: Call,
     gen: GenerationRequest,
-    choices: list[_Choice],
+    choices: list[Choice],
     sink: asyncio.Queue[tuple[int, Delta]],
     streams: list[Stream],
     clock: Clock,
@@ -280,9 +184,9 @@ def prompt_tokens_header(gen: GenerationRequest) -> dict[str, str]:
 
 async def _stream(
     request: web.Request,
-    call: _Call,
+    call: Call,
     gen: GenerationRequest,
-    choices: list[_Choice],
+    choices: list[Choice],
     sink: asyncio.Queue[tuple[int, Delta]],
 ) -> web.StreamResponse:
     response = web.StreamResponse(
