@@ -30,19 +30,29 @@ DEFAULT_TTL_S = 30.0
 # How often an idle beat asks for the lease again.
 IDLE_S = 5.0
 
+# A released lease is a tombstone, "released:<owner>", for one lease time: free for any
+# other owner, but not for the one that released it. A beat stopped by SIGTERM releases
+# from the signal handler while its last renewal may still be on its way to Redis (sent
+# on another connection, processed after the release); the tombstone keeps that late
+# renewal from taking the lease back for a beat that is gone.
+RELEASED = "released:"
 # Set the lease if nobody holds it, or renew it if we do; 1 when we hold it after.
 _HOLD = """
 local holder = redis.call('GET', KEYS[1])
-if holder == false or holder == ARGV[1] then
+local ours = holder == ARGV[1]
+local free = holder == false
+    or (string.sub(holder, 1, 9) == 'released:' and holder ~= 'released:' .. ARGV[1])
+if ours or free then
     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
     return 1
 end
 return 0
 """
-# Delete the lease only if we hold it.
+# Give the lease up (leaving the tombstone) only if we hold it.
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-    return redis.call('DEL', KEYS[1])
+    redis.call('SET', KEYS[1], 'released:' .. ARGV[1], 'PX', ARGV[2])
+    return 1
 end
 return 0
 """
@@ -66,13 +76,15 @@ class BeatLock:
         return bool(self.client.eval(_HOLD, 1, self.key, self.owner, self.ttl_ms))
 
     def holder(self) -> str | None:
+        """Who holds the lease; None when nobody does (a released one included)."""
         value = self.client.get(self.key)
         if value is None:
             return None
-        return value.decode() if isinstance(value, bytes) else str(value)
+        holder = value.decode() if isinstance(value, bytes) else str(value)
+        return None if holder.startswith(RELEASED) else holder
 
     def release(self) -> None:
-        self.client.eval(_RELEASE, 1, self.key, self.owner)
+        self.client.eval(_RELEASE, 1, self.key, self.owner, self.ttl_ms)
 
 
 def beat_lock() -> BeatLock | None:
