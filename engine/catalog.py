@@ -307,27 +307,26 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 def spec_from_config(config: dict[str, Any], name: str) -> ModelSpec:
     """The ModelSpec of any config in the table: the executor's families as
-    ``model_spec_from_config`` reads them, and the sizes of those only the simulator
-    runs (Mixtral's experts, OPT's two-matrix MLP). Biases (Qwen2's q/k/v, OPT's linears
+    ``model_spec_from_config`` reads them, and OPT (only the simulator runs it: a
+    two-matrix MLP, every head its own KV head). Biases (Qwen2's q/k/v, OPT's linears
     and layer norms) and OPT's learned position embeddings are not part of ModelSpec;
     they are well under 1% of the parameters."""
     if config["model_type"] in FAMILIES:
         return model_spec_from_config(config, name)
+    if config["model_type"] != "opt":
+        raise ValueError(f"{name}: no sizes for model_type {config['model_type']!r}")
     heads = config["num_attention_heads"]
-    opt = config["model_type"] == "opt"
     return ModelSpec(
         name=name,
         num_layers=config["num_hidden_layers"],
         num_heads=heads,
-        num_kv_heads=heads if opt else config["num_key_value_heads"],
+        num_kv_heads=heads,
         head_dim=config["hidden_size"] // heads,
         hidden_size=config["hidden_size"],
-        intermediate_size=config["ffn_dim"] if opt else config["intermediate_size"],
+        intermediate_size=config["ffn_dim"],
         vocab_size=config["vocab_size"],
         dtype_bytes=DTYPE_BYTES[config["torch_dtype"]],
-        num_experts=config.get("num_local_experts", 0),
-        num_active_experts=config.get("num_experts_per_tok", 0),
-        mlp_gated=not opt,
+        mlp_gated=False,
         tie_embeddings=config["tie_word_embeddings"],
         max_context=config["max_position_embeddings"],
     )

@@ -18,16 +18,21 @@ def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _int(value: Any) -> int:
-    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0
-
-
-def _float(value: Any) -> float:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
+def _is_number(value: Any) -> bool:
+    """A JSON number: an int or a float, not a boolean."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _int_or_none(value: Any) -> int | None:
-    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    return int(value) if _is_number(value) else None
+
+
+def _int(value: Any) -> int:
+    return int(value) if _is_number(value) else 0
+
+
+def _float(value: Any) -> float:
+    return float(value) if _is_number(value) else 0.0
 
 
 def _str_or_none(value: Any) -> str | None:

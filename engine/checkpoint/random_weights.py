@@ -83,9 +83,7 @@ def parameter_shapes(arch: ArchConfig) -> dict[str, tuple[int, ...]]:
             shapes[p + "self_attn.o_proj.bias"] = (d,)
         shapes[p + "post_attention_layernorm.weight"] = (d,)
         if arch.num_experts:
-            moe, names = p + "mlp.", ("gate_proj", "up_proj", "down_proj")
-            if arch.family == "mixtral":
-                moe, names = p + "block_sparse_moe.", ("w1", "w3", "w2")
+            moe, names = arch.expert_names(i)
             shapes[moe + "gate.weight"] = (arch.num_experts, d)
             for e in range(arch.num_experts):
                 gate, up, down = (f"{moe}experts.{e}.{n}.weight" for n in names)

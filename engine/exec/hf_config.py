@@ -157,6 +157,16 @@ class ArchConfig:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    def expert_names(self, layer: int) -> tuple[str, tuple[str, str, str]]:
+        """Where a mixture layer's checkpoint tensors are: the MLP module's prefix (its
+        router is ``<prefix>gate.weight``, expert E's matrices
+        ``<prefix>experts.E.<name>.weight``) and the gate, up and down names. Mixtral
+        names them ``block_sparse_moe`` and ``w1``, ``w3``, ``w2``; Qwen3-MoE ``mlp`` and
+        ``gate_proj``, ``up_proj``, ``down_proj``."""
+        if self.family == "mixtral":
+            return f"model.layers.{layer}.block_sparse_moe.", ("w1", "w3", "w2")
+        return f"model.layers.{layer}.mlp.", ("gate_proj", "up_proj", "down_proj")
+
 
 def rope_from_hf(config: dict[str, Any]) -> RopeConfig:
     """RoPE settings from either config format.

@@ -145,24 +145,22 @@ def load_host_weights(
                 o_proj=read(attn + "o_proj.weight"),
                 o_bias=read(attn + "o_proj.bias") if arch.o_bias else None,
                 post_norm=read(p + "post_attention_layernorm.weight"),
-                **mlp(p),
+                **mlp(i),
                 q_norm=read(attn + "q_norm.weight") if arch.qk_norm else None,
                 k_norm=read(attn + "k_norm.weight") if arch.qk_norm else None,
             )
 
-        def mlp(p: str) -> dict[str, torch.Tensor]:
+        def mlp(i: int) -> dict[str, torch.Tensor]:
             """The MLP's tensors: a dense one's, or a mixture's router and stacked experts
-            (Mixtral names them ``block_sparse_moe.experts.E.w1`` gate, ``w3`` up, ``w2``
-            down; Qwen3-MoE ``mlp.experts.E.gate_proj``, ``up_proj``, ``down_proj``)."""
+            (``ArchConfig.expert_names``)."""
+            p = f"model.layers.{i}."
             if not arch.num_experts:
                 return {
                     "gate_up": read(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
                     "down": read(p + "mlp.down_proj.weight"),
                 }
             ff, d = arch.intermediate_size, arch.hidden_size
-            moe, (gate, up, down_name) = p + "mlp.", ("gate_proj", "up_proj", "down_proj")
-            if arch.family == "mixtral":
-                moe, (gate, up, down_name) = p + "block_sparse_moe.", ("w1", "w3", "w2")
+            moe, (gate, up, down_name) = arch.expert_names(i)
             experts = [moe + f"experts.{e}." for e in range(arch.num_experts)]
             gate_up = read(*(e + f"{w}.weight" for e in experts for w in (gate, up)))
             down = read(*(e + f"{down_name}.weight" for e in experts))

@@ -175,9 +175,6 @@ def engine_token(ns: argparse.Namespace) -> str | None:
     in an HTTP header (printable ASCII without spaces)."""
     import logging
 
-    from shunter.engine.api.tokens import TOKEN_RULE, is_header_token
-    from shunter.engine.server.settings import SettingsError
-
     log = logging.getLogger("shunter.engine.server")
     token: str
     if ns.token_file is not None:
@@ -199,25 +196,26 @@ def engine_token(ns: argparse.Namespace) -> str | None:
             OPEN_ROUTES,
         )
         return None
-    if not is_header_token(token):
-        raise SettingsError(f"the engine token must be {TOKEN_RULE}")
-    return token
+    return _header_token(token, "engine token")
 
 
 def metrics_token(ns: argparse.Namespace) -> str | None:
     """The scrape token: ``--metrics-token-file``'s contents, else
     ``$SHUNTER_METRICS_TOKEN``; None for none (``/metrics`` takes the engine token)."""
-    from shunter.engine.api.tokens import TOKEN_RULE, is_header_token
-    from shunter.engine.server.settings import SettingsError
-
     if ns.metrics_token_file is not None:
         token = _read_token(ns.metrics_token_file)
     else:
         token = os.environ.get(METRICS_TOKEN_ENV, "")
-    if not token:
-        return None
+    return _header_token(token, "metrics token") if token else None
+
+
+def _header_token(token: str, what: str) -> str:
+    """``token`` when it can go in an HTTP header; SettingsError naming ``what`` else."""
+    from shunter.engine.api.tokens import TOKEN_RULE, is_header_token
+    from shunter.engine.server.settings import SettingsError
+
     if not is_header_token(token):
-        raise SettingsError(f"the metrics token must be {TOKEN_RULE}")
+        raise SettingsError(f"the {what} must be {TOKEN_RULE}")
     return token
 
 
