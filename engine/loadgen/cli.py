@@ -6,14 +6,12 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from shunter.engine.benchfigure import add_json_argument  # standard library only
-from shunter.engine.cliargs import comma_rates, positive_float, positive_int, print_report
+from shunter.engine.cliargs import positive_float, positive_int, print_report
 
 SAMPLE_SHAREGPT = Path(__file__).resolve().parent / "data" / "sample_sharegpt.json"
 
@@ -24,152 +22,48 @@ def add_bench_parsers(benches: argparse._SubParsersAction[Any]) -> None:
     _add_loadgen_parser(benches)
 
 
-def _length(text: str) -> Any:
-    from shunter.engine.workload.requests import WorkloadError
-    from shunter.engine.workload.sources import LengthDist
-
-    try:
-        return LengthDist.parse(text)
-    except WorkloadError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def _add_serve_parser(benches: argparse._SubParsersAction[Any]) -> None:
-    p = benches.add_parser(
-        "serve",
-        help="load-test an OpenAI-compatible server at a list of request rates",
-        description="Send a workload to an OpenAI-compatible server (Shunter's gateway, an "
-        "engine, a vLLM server) open loop, at each rate of --rps for --duration seconds or "
-        "--num-requests requests, streaming, and report per rate: request and token "
-        "throughput, TTFT / TPOT / ITL / E2E latency (mean, median, P90, P99), TTFT, TBT "
-        "and joint SLO attainment, goodput and errors. --json uses the field names of "
-        "'vllm bench serve --save-result'.",
-    )
-    p.add_argument("--base-url", required=True, help="server URL, e.g. http://127.0.0.1:8100")
-    p.add_argument("--model", required=True, help="model name sent with each request")
-    p.add_argument(
-        "--api-key",
-        default=os.environ.get("OPENAI_API_KEY"),
-        help="bearer token (default: $OPENAI_API_KEY)",
-    )
-    p.add_argument("--endpoint", choices=("chat", "completions"), default="completions")
-    p.add_argument(
-        "--rps",
-        type=comma_rates,
-        help="comma list of request rates, e.g. 1,2,4,8 ('inf': all at once); "
-        "for a trace, optional: its times are scaled to each rate",
-    )
-    amount = p.add_mutually_exclusive_group()
-    amount.add_argument("--duration", type=positive_float, help="seconds of arrivals per rate")
-    amount.add_argument("--num-requests", type=positive_int, help="requests per rate")
-    p.add_argument(
-        "--burstiness",
-        type=positive_float,
-        default=1.0,
-        help="gamma shape of the gaps between arrivals: 1 is Poisson (default), "
-        "below 1 burstier, above 1 smoother",
-    )
-    p.add_argument("--max-concurrency", type=positive_int, help="cap on requests in flight")
-    p.add_argument("--seed", type=int, default=0, help="seed of arrivals and sampling (default 0)")
-    p.add_argument(
-        "--dataset",
-        default="sharegpt",
-        help="sharegpt[:PATH] (default: the bundled sample), synthetic, or trace:PATH (JSONL)",
-    )
-    p.add_argument(
-        "--input-len",
-        type=_length,
-        default="128",
-        help="synthetic prompt tokens: N, LO..HI (uniform) or exp:MEAN (default 128)",
-    )
-    p.add_argument(
-        "--output-len",
-        type=_length,
-        default="128",
-        help="synthetic output tokens, same forms (default 128)",
-    )
-    p.add_argument(
-        "--tokenizer",
-        type=Path,
-        metavar="MODEL_DIR",
-        help="model directory whose tokenizer.json measures prompt and reply lengths "
-        "(default: about four characters per token)",
-    )
-    p.add_argument("--ttft-slo-ms", type=positive_float, default=5000.0, help="default 5000")
-    p.add_argument("--tpot-slo-ms", type=positive_float, default=100.0, help="default 100")
-    p.add_argument(
-        "--request-timeout",
-        type=positive_float,
-        default=600.0,
-        help="seconds a response may stay silent before it counts as failed (default 600)",
-    )
-    p.add_argument("--json", type=Path, metavar="PATH", help="write the results as JSON")
-    p.add_argument(
-        "--save-requests", type=Path, metavar="CSV", help="write one CSV row per request"
-    )
-    p.set_defaults(func=cmd_bench_serve)
+    from shunter.engine.loadgen.serve_cli import add_serve_parser
+
+    add_serve_parser(benches).set_defaults(func=cmd_bench_serve)
 
 
 def cmd_bench_serve(ns: argparse.Namespace) -> int:
     from shunter.engine.loadgen.arrivals import ArrivalProcess
-    from shunter.engine.loadgen.client import Target
     from shunter.engine.loadgen.report import Slo, format_report, write_csv
     from shunter.engine.loadgen.runner import RateResult, run_rate
-    from shunter.engine.workload.requests import WorkloadError
-    from shunter.engine.workload.sharegpt import sharegpt_workload
-    from shunter.engine.workload.sources import SyntheticWorkload, TraceWorkload, Workload
-    from shunter.engine.workload.tokens import token_counter
-    from shunter.engine.workload.traces import trace_workload
-
-    def fail(message: str) -> int:
-        print(f"shunter bench serve: error: {message}", file=sys.stderr)
-        return 2
+    from shunter.engine.loadgen.serve_args import ServeArgs, ServeArgsError
 
     try:
-        target = Target(ns.base_url, ns.model, ns.api_key, ns.endpoint)
-        count = token_counter(ns.tokenizer) if ns.tokenizer else None
-        kind, _, path = ns.dataset.partition(":")
-        workload: Workload
-        if kind == "sharegpt":
-            workload = sharegpt_workload(path or SAMPLE_SHAREGPT, count)
-        elif kind == "synthetic" and not path:
-            workload = SyntheticWorkload(ns.input_len, ns.output_len, count)
-        elif kind == "trace" and path:
-            workload = trace_workload(path, count, seed=ns.seed)
-        else:
-            return fail(
-                f"--dataset must be sharegpt[:PATH], synthetic or trace:PATH: {ns.dataset!r}"
-            )
-    except (ValueError, WorkloadError) as exc:
-        return fail(str(exc))
-    trace = isinstance(workload, TraceWorkload)
-    if not trace and (ns.rps is None or (ns.duration is None and ns.num_requests is None)):
-        return fail("--rps and one of --duration or --num-requests are needed (except for a trace)")
-    if ns.duration is not None and any(math.isinf(r) for r in ns.rps or []):
-        return fail("an infinite rate needs --num-requests, not --duration")
-    slo = Slo(ns.ttft_slo_ms / 1000.0, ns.tpot_slo_ms / 1000.0)
-    rates: list[float | None] = list(ns.rps) if ns.rps else [None]
+        args = ServeArgs.of(ns, SAMPLE_SHAREGPT)
+    except ServeArgsError as exc:
+        print(f"shunter bench serve: error: {exc}", file=sys.stderr)
+        return 2
+    target, workload = args.target, args.workload
     print(
         f"target {target.url} model {target.model}, workload {workload.name}, "
-        f"{'trace times' if trace else f'burstiness {ns.burstiness:g}'}, seed {ns.seed}",
+        f"{'trace times' if args.trace else f'burstiness {ns.burstiness:g}'}, seed {ns.seed}",
         flush=True,
     )
     results: list[RateResult] = []
-    for rate in rates:
+    for rate in args.rates:
         result = run_rate(
             target,
             workload,
             rate,
             arrival=ArrivalProcess(ns.burstiness),
-            num_requests=ns.num_requests,
+            num_requests=args.num_requests,
             duration_s=ns.duration,
             max_concurrency=ns.max_concurrency,
             seed=ns.seed,
-            slo=slo,
+            slo=Slo(ns.ttft_slo_ms / 1000.0, ns.tpot_slo_ms / 1000.0),
             request_timeout_s=ns.request_timeout,
         )
         results.append(result)
         print(format_report(result.report), flush=True)
+        if ns.save_result or ns.append_result:
+            path = args.save(result, several=len(args.rates) > 1)
+            print(f"saved {path}", flush=True)
     if len(results) > 1:
         print(format_rates(results))
     if ns.json:

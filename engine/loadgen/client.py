@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Literal
@@ -38,12 +39,18 @@ class Target:
 
     ``base_url`` may end in ``/v1`` or not (``http://host:8000`` and
     ``http://host:8000/v1`` are the same target). ``api_key`` goes out as a bearer token.
+    Each request is greedy and ignores EOS unless ``ignore_eos`` is off or
+    ``extra_body`` says otherwise: its fields (sampling parameters, anything the server
+    takes) go into every body, over the defaults. ``extra_headers`` go out with each.
     """
 
     base_url: str
     model: str
     api_key: str | None = None
     endpoint: Endpoint = "completions"
+    ignore_eos: bool = True
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
+    extra_headers: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
@@ -62,7 +69,7 @@ class Target:
 
     @property
     def headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "application/json"}
+        headers = {"Content-Type": "application/json", **self.extra_headers}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         return headers
@@ -72,8 +79,9 @@ class Target:
         body: dict[str, Any] = {
             "model": self.model,
             "max_tokens": spec.output_len,
-            "ignore_eos": True,
+            "ignore_eos": self.ignore_eos,
             "temperature": 0.0,
+            **self.extra_body,
             "stream": True,
             "stream_options": {"include_usage": True},
         }
@@ -105,11 +113,16 @@ class RequestResult:
     t_sent: float | None = None
     t_end: float | None = None
     token_times: list[float] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
     output_tokens: int = 0
     success: bool = False
     status: int | None = None
     error_type: str | None = None
     error: str | None = None
+
+    @property
+    def generated_text(self) -> str:
+        return "".join(self.text)
 
     @property
     def send_lag(self) -> float | None:
@@ -172,7 +185,7 @@ async def send_request(
     chat = target.endpoint == "chat"
     body = target.body(spec)
     result.t_start = time.perf_counter() - t0
-    times = result.token_times
+    times, text = result.token_times, result.text
     usage_tokens: int | None = None
     done = False
     error = ("incomplete_stream", "the stream ended before data: [DONE]")
@@ -203,8 +216,9 @@ async def send_request(
                     if "error" in event and not event.get("choices"):
                         result.fail(*_event_error(event["error"]))
                         return
-                    if _has_text(event, chat):
+                    if piece := _text(event, chat):
                         times.append(now)
+                        text.append(piece)
                     usage = event.get("usage")
                     if usage:
                         usage_tokens = usage.get("completion_tokens")
@@ -245,15 +259,18 @@ def _parse_event(payload: bytes) -> dict[str, Any]:
     return event
 
 
-def _has_text(event: dict[str, Any], chat: bool) -> bool:
+def _text(event: dict[str, Any], chat: bool) -> str:
+    """The text an event streams ("" for none)."""
     choices = event.get("choices")
     if not choices:
-        return False
+        return ""
     choice = choices[0]
     if chat:
         delta = choice.get("delta") or {}
-        return bool(delta.get("content") or delta.get("reasoning_content"))
-    return bool(choice.get("text"))
+        piece = delta.get("content") or delta.get("reasoning_content")
+    else:
+        piece = choice.get("text")
+    return piece if isinstance(piece, str) else ""
 
 
 def _http_error(status: int, body: bytes) -> tuple[str, str]:

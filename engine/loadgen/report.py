@@ -18,6 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from shunter.engine.loadgen.client import RequestResult
+from shunter.engine.loadgen.vllm_result import (
+    METRICS,
+    metric_values,
+    peak_concurrency,
+    peak_output_rate,
+    std_s,
+)
 from shunter.engine.sim.metrics import Percentiles, e2e, percentile, summarize, tpot, ttft
 
 
@@ -79,6 +86,12 @@ class RateReport:
     median_e2el_ms: float | None
     p90_e2el_ms: float | None
     p99_e2el_ms: float | None
+    std_ttft_ms: float | None
+    std_tpot_ms: float | None
+    std_itl_ms: float | None
+    std_e2el_ms: float | None
+    max_output_tokens_per_s: float
+    max_concurrent_requests: int
     ttft_slo_ms: float
     tpot_slo_ms: float
     ttft_attainment: float
@@ -136,6 +149,7 @@ def build_report(
         duration_s=duration_s,
     )
     ok = [r for r in results if r.success]
+    values = metric_values(results)
     input_tokens = sum(r.input_tokens for r in ok)
     sent = sorted(t for r in results if (t := r.t_sent) is not None)
     lags = [lag for r in results if (lag := r.send_lag) is not None]
@@ -157,6 +171,9 @@ def build_report(
         **_latency("tpot", summary.tpot_s),
         **_latency("itl", summary.itl_s),
         **_latency("e2el", summary.e2e_s),
+        **{f"std_{m}_ms": _ms(std_s(values[m])) if values[m] else None for m in METRICS},
+        max_output_tokens_per_s=peak_output_rate(results),
+        max_concurrent_requests=peak_concurrency(results),
         ttft_slo_ms=slo.ttft_s * 1000.0,
         tpot_slo_ms=slo.tpot_s * 1000.0,
         ttft_attainment=summary.ttft_attainment,
@@ -212,6 +229,8 @@ def format_report(report: RateReport) -> str:
         ("Request goodput (req/s):", _fmt(report.request_goodput)),
         ("Output token throughput (tok/s):", _fmt(report.output_throughput)),
         ("Total token throughput (tok/s):", _fmt(report.total_token_throughput)),
+        ("Peak output token throughput (tok/s):", _fmt(report.max_output_tokens_per_s)),
+        ("Peak concurrent requests:", str(report.max_concurrent_requests)),
     ]
     lines = [title.center(58, "=")]
     lines += [f"{k:<40}{v:>18}" for k, v in rows]

@@ -216,6 +216,17 @@ def test_target_urls_and_bodies() -> None:
     assert body["max_tokens"] == 7 and body["ignore_eos"] is True and body["stream"] is True
     assert body["stream_options"] == {"include_usage": True}
     assert "Authorization" not in Target("http://h", "m").headers
+    tuned = Target(
+        "http://h",
+        "m",
+        ignore_eos=False,
+        extra_body={"temperature": 0.7, "top_k": 5, "stream": False},
+        extra_headers={"X-Run": "7"},
+    )
+    body = json.loads(tuned.body(RequestSpec("hello", 1, 7)))
+    assert body["ignore_eos"] is False and body["temperature"] == 0.7 and body["top_k"] == 5
+    assert body["stream"] is True  # the client reads a stream whatever the extra body says
+    assert tuned.headers["X-Run"] == "7" and tuned.headers["Content-Type"] == "application/json"
     for bad in ({"base_url": "h:1"}, {"model": ""}, {"endpoint": "embeddings"}):
         with pytest.raises(ValueError):
             Target(**{"base_url": "http://h", "model": "m", **bad})  # type: ignore[arg-type]
