@@ -39,7 +39,13 @@ import aiohttp
 from django.conf import settings
 
 from shunter.engine.api.errors import ApiError
-from shunter.engine.api.headers import PROMPT_TOKENS_HEADER, SLO_HEADER, TENANT_HEADER
+from shunter.engine.api.headers import (
+    IGNORED_HEADER,
+    PROMPT_TOKENS_HEADER,
+    SLO_HEADER,
+    TENANT_HEADER,
+    WARNING_HEADER,
+)
 from shunter.engine.api.timing import TIMING_HEADER, EngineTiming
 from shunter.gateway.accounting import Tally, Timing, token_count
 from shunter.gateway.auth import KeyGrant
@@ -67,6 +73,8 @@ log = logging.getLogger("shunter.gateway")
 # The longest silence of a stream (no event, no keep-alive) before it counts as broken.
 STREAM_IDLE_S = 30.0
 DONE = b"data: [DONE]\n\n"
+# The engine's answer headers a client reads: which of its request's fields were ignored.
+PASSED_HEADERS = (IGNORED_HEADER, WARNING_HEADER)
 
 # Nodes whose engine refused the gateway's engine token (warned about once).
 _token_refused_nodes: set[str] = set()
@@ -129,6 +137,7 @@ class Exchange:
         self.arrival = arrival
         self.tally = Tally(Timing(t0))
         self._finished = False
+        self._passed: dict[str, str] = {}  # the engine's answer headers the client sees
         # Renews the concurrency lease until the accounting settles it.
         self.hold = quota_limiter().hold(str(grant.tenant_id), admission)
 
@@ -172,6 +181,7 @@ class Exchange:
             prompt_tokens = upstream.headers.get(PROMPT_TOKENS_HEADER)
             self.tally.reported_prompt_tokens = token_count(prompt_tokens)
             if upstream.status == 200:
+                self._passed = {h: v for h in PASSED_HEADERS if (v := upstream.headers.get(h))}
                 break
             raw = await self._read(upstream)
             if isinstance(raw, Reply):
@@ -200,6 +210,7 @@ class Exchange:
         return headers
 
     def _decorate(self, reply: Reply) -> Reply:
+        reply.headers.update(self._passed)
         reply.headers["X-Request-Id"] = self.request_id
         reply.headers.update(self.admission.headers())
         return reply

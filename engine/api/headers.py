@@ -2,15 +2,18 @@
 
 The gateway tells the engine who sent a request (``TENANT_HEADER``) and its SLO class
 (``SLO_HEADER``: ``slo_to_header`` writes it, ``slo_from_header`` reads it); the engine
-answers with the prompt tokens it counted (``PROMPT_TOKENS_HEADER``) and, for a whole
-answer, its token times (``timing.TIMING_HEADER``).
+answers with the prompt tokens it counted (``PROMPT_TOKENS_HEADER``), the request's
+fields it ignored (``ignored_headers``: ``IGNORED_HEADER`` and a standard ``Warning``,
+which the gateway passes on to the client) and, for a whole answer, its token times
+(``timing.TIMING_HEADER``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 
 from shunter.engine.api.errors import bad_request
 from shunter.engine.config import DEFAULT_SLO, SloSpec
@@ -18,6 +21,12 @@ from shunter.engine.config import DEFAULT_SLO, SloSpec
 TENANT_HEADER = "X-Shunter-Tenant"
 SLO_HEADER = "X-Shunter-Slo"
 PROMPT_TOKENS_HEADER = "X-Shunter-Prompt-Tokens"
+IGNORED_HEADER = "X-Shunter-Ignored-Parameters"
+WARNING_HEADER = "Warning"
+# A field name goes into a header as it is only if it is a plain identifier: anything
+# else a client sent (spaces, newlines, non-ASCII) is counted, never echoed.
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+MAX_IGNORED_NAMED = 16
 
 SLO_FIELDS = {"ttft_ms": 1e-3, "tbt_ms": 1e-3, "alpha": 1.0, "beta_b": 1.0, "beta_f": 1.0}
 
@@ -66,3 +75,21 @@ def slo_from_header(
         )
     except ValueError as e:
         raise bad_request(f"X-Shunter-Slo: {e}.") from None
+
+
+def ignored_headers(names: Sequence[str]) -> dict[str, str]:
+    """The headers that tell a client which of its fields were ignored (none: no
+    headers): ``X-Shunter-Ignored-Parameters: a, b`` and ``Warning: 299 - "..."``
+    (RFC 9110's miscellaneous persistent warning). At most ``MAX_IGNORED_NAMED`` plain
+    names are listed; the rest are counted."""
+    if not names:
+        return {}
+    plain = [n for n in names if _PLAIN_NAME.fullmatch(n)][:MAX_IGNORED_NAMED]
+    listed = ", ".join(plain)
+    more = len(names) - len(plain)
+    if more:
+        listed = f"{listed} (and {more} more)" if listed else f"{more} fields"
+    return {
+        IGNORED_HEADER: listed,
+        WARNING_HEADER: f'299 - "Unknown parameters ignored: {listed}"',
+    }

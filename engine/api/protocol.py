@@ -103,7 +103,8 @@ class GenerationRequest:
     """A parsed request: ``prompts`` (token ids; several for a completions list), each
     answered with ``n`` choices of ``params``; ``stream``, ``include_usage`` and
     ``continuous_usage`` (usage so far on every chunk, vLLM's ``continuous_usage_stats``)
-    say how."""
+    say how. ``ignored`` names the body's fields that neither the OpenAI API nor vLLM's
+    defines here: they are left out, as vLLM leaves them, and the answer says so."""
 
     model: str
     prompts: list[list[int]]
@@ -112,6 +113,7 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     continuous_usage: bool = False
+    ignored: tuple[str, ...] = ()  # unknown fields, left out (``headers.ignored_headers``)
 
     @property
     def num_choices(self) -> int:
@@ -133,21 +135,21 @@ def parse_completion(
 ) -> GenerationRequest:
     """A completions body; a 400 past ``max_sequences`` (prompts x n), before any
     prompt is tokenized."""
-    _check_fields(body, COMPLETION_FIELDS)
+    ignored = _check_fields(body, COMPLETION_FIELDS)
     logprobs = integer(body, "logprobs", 0, MAX_COMPLETION_LOGPROBS, None)
     texts = _prompt_list(body.get("prompt"))
     _check_sequences(len(texts), _n(body), max_sequences)
     prompts = [_prompt_ids(p, info) for p in texts]
     default = COMPLETIONS_DEFAULT_MAX_TOKENS
     max_tokens = integer(body, "max_tokens", 1, None, None)
-    return _request(body, info, prompts, max_tokens, default, logprobs)
+    return _request(body, info, prompts, max_tokens, default, logprobs, ignored)
 
 
 def parse_chat(
     body: dict[str, Any], info: ServedModelInfo, *, max_sequences: int = MAX_SEQUENCES
 ) -> GenerationRequest:
     """A chat body; a 400 past ``max_sequences`` (n)."""
-    _check_fields(body, CHAT_FIELDS)
+    ignored = _check_fields(body, CHAT_FIELDS)
     _check_sequences(1, _n(body), max_sequences)
     top = integer(body, "top_logprobs", 0, MAX_LOGPROBS, None)
     if not boolean(body, "logprobs", False):
@@ -167,7 +169,7 @@ def parse_chat(
     max_tokens = integer(body, "max_completion_tokens", 1, None, None)
     if max_tokens is None:
         max_tokens = integer(body, "max_tokens", 1, None, None)
-    return _request(body, info, [prompt], max_tokens, None, logprobs)
+    return _request(body, info, [prompt], max_tokens, None, logprobs, ignored)
 
 
 def _request(
@@ -177,6 +179,7 @@ def _request(
     max_tokens: int | None,
     default_max_tokens: int | None,
     logprobs: int | None,
+    ignored: tuple[str, ...],
 ) -> GenerationRequest:
     longest = max(len(p) for p in prompts)
     if max_tokens is None:
@@ -244,6 +247,7 @@ def _request(
         stream=stream,
         include_usage=include_usage,
         continuous_usage=continuous_usage,
+        ignored=ignored,
     )
 
 
@@ -262,15 +266,15 @@ def _check_sequences(prompts: int, n: int, max_sequences: int) -> None:
         )
 
 
-def _check_fields(body: dict[str, Any], allowed: set[str]) -> None:
+def _check_fields(body: dict[str, Any], allowed: set[str]) -> tuple[str, ...]:
+    """400 for a field this engine refuses (``UNSUPPORTED``) or a bad ignored one; the
+    unknown fields, sorted, which the request goes on without."""
     refused = sorted(
         name for name in body if name in UNSUPPORTED and body[name] not in (None, False, "", [])
     )
     if refused:
         raise bad_request(UNSUPPORTED[refused[0]], refused[0])
-    unknown = sorted(set(body) - allowed - set(UNSUPPORTED))
-    if unknown:
-        raise bad_request(f"Unknown parameter: {unknown[0]!r}.", unknown[0])
+    unknown = tuple(sorted(set(body) - allowed - set(UNSUPPORTED)))
     response_format = body.get("response_format")
     if response_format is not None and response_format != {"type": "text"}:
         raise bad_request(
@@ -281,6 +285,7 @@ def _check_fields(body: dict[str, Any], allowed: set[str]) -> None:
     for name in ("store", "parallel_tool_calls"):
         if name in body and body[name] is not None and not isinstance(body[name], bool):
             raise bad_request(f"'{name}' must be a boolean.", name)
+    return unknown
 
 
 def _prompt_list(prompt: Any) -> list[str | list[int]]:

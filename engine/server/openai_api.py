@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -26,6 +27,7 @@ from shunter.engine.api.headers import (
     PROMPT_TOKENS_HEADER,
     SLO_HEADER,
     TENANT_HEADER,
+    ignored_headers,
     slo_from_header,
 )
 from shunter.engine.api.jsonbody import parse_json
@@ -40,6 +42,8 @@ from shunter.engine.interfaces import Clock
 from shunter.engine.server.context import REQUEST_ID, STATE, ServerState
 from shunter.engine.server.loop import ABORTED, Delta, Stream
 from shunter.engine.server.responses import Call, Choice, usage
+
+log = logging.getLogger(__name__)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -86,6 +90,10 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
     max_sequences = state.settings.max_sequences_per_request
     parse = parse_chat if chat else parse_completion
     gen = parse(body, served, max_sequences=max_sequences)
+    if gen.ignored:
+        log.warning(
+            "request %s: unknown parameters ignored: %s", request[REQUEST_ID], gen.ignored[:16]
+        )
     state.check_capacity(gen)
     slo = slo_from_header(
         request.headers.get(SLO_HEADER), state.slo_of(name), state.settings.slo_classes
@@ -171,15 +179,19 @@ async def _collect(
         chunk=False,
     )
     body["usage"] = usage(choices, gen.prompts)
-    headers = prompt_tokens_header(gen)
+    headers = answer_headers(gen)
     if timing is not None:
         headers[TIMING_HEADER] = timing.header()
     return web.json_response(body, headers=headers)
 
 
-def prompt_tokens_header(gen: GenerationRequest) -> dict[str, str]:
-    """``X-Shunter-Prompt-Tokens``: the prompt tokens of every prompt (as in usage)."""
-    return {PROMPT_TOKENS_HEADER: str(sum(len(p) for p in gen.prompts))}
+def answer_headers(gen: GenerationRequest) -> dict[str, str]:
+    """``X-Shunter-Prompt-Tokens`` (the prompt tokens of every prompt, as in usage) and
+    the ignored fields' headers."""
+    return {
+        PROMPT_TOKENS_HEADER: str(sum(len(p) for p in gen.prompts)),
+        **ignored_headers(gen.ignored),
+    }
 
 
 async def _stream(
@@ -194,7 +206,7 @@ async def _stream(
             "Content-Type": "text/event-stream",
             "Cache-Control": "no-cache",
             "X-Request-Id": request[REQUEST_ID],
-            **prompt_tokens_header(gen),
+            **answer_headers(gen),
         }
     )
     await response.prepare(request)

@@ -142,13 +142,22 @@ def test_a_disabled_deployment_is_unavailable(setup: Setup) -> None:
 
 
 def test_the_engines_refusals_pass_through_and_are_recorded(setup: Setup) -> None:
-    r = setup.chat({**CHAT, "temprature": 0.5}, **{"X-Request-Id": "bad-param-1"})
-    assert r.status == 400 and r.error["param"] == "temprature"
-    assert "Unknown parameter" in r.error["message"]
+    r = setup.chat({**CHAT, "echo": True}, **{"X-Request-Id": "bad-param-1"})
+    assert r.status == 400 and r.error["param"] == "echo"
+    assert "not supported" in r.error["message"]
     assert r.headers["x-request-id"] == "bad-param-1"
     record = wait_record("bad-param-1")
     assert (record.status, record.http_status, record.completion_tokens) == ("error", 400, 0)
     assert record.ttft_ms is None and not record.ttft_met and not record.tbt_met
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_engines_ignored_fields_warning_reaches_the_client(setup: Setup, stream: bool) -> None:
+    r = setup.chat({**CHAT, "temprature": 0.5, "stream": stream})
+    assert r.status == 200
+    assert r.headers["x-shunter-ignored-parameters"] == "temprature"
+    assert r.headers["warning"] == '299 - "Unknown parameters ignored: temprature"'
+    assert "warning" not in setup.chat().headers
 
 
 def test_no_secret_reaches_the_logs(setup: Setup, world: World) -> None:

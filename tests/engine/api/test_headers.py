@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 
 from shunter.engine.api.errors import ApiError
-from shunter.engine.api.headers import slo_from_header, slo_to_header
+from shunter.engine.api.headers import (
+    IGNORED_HEADER,
+    WARNING_HEADER,
+    ignored_headers,
+    slo_from_header,
+    slo_to_header,
+)
 from shunter.engine.config import DEFAULT_SLO, SloSpec
 
 GOLD = SloSpec("gold", ttft_s=1.0, tbt_s=0.05, alpha=5.0, beta_b=0.2, beta_f=0.3)
@@ -56,3 +62,18 @@ def test_the_slo_header_reads_back_as_the_class_it_was_written_from() -> None:
     assert header == "class=interactive,ttft_ms=1000,tbt_ms=50,alpha=2.5,beta_b=0.25,beta_f=0.75"
     # Every field is in it: the engine's own class of that name does not fill any in.
     assert slo_from_header(header, other, {"interactive": other}) == slo
+
+
+def test_ignored_fields_are_named_plainly_and_never_echoed_raw() -> None:
+    assert ignored_headers(()) == {}
+    headers = ignored_headers(("misspelt", "top_n"))
+    assert headers[IGNORED_HEADER] == "misspelt, top_n"
+    assert headers[WARNING_HEADER] == '299 - "Unknown parameters ignored: misspelt, top_n"'
+    hostile = ignored_headers(("ok", "bad\r\nSet-Cookie: x=1", "é", "x" * 65))
+    assert hostile[IGNORED_HEADER] == "ok (and 3 more)"
+    assert ignored_headers(("a b",))[IGNORED_HEADER] == "1 fields"
+    many = ignored_headers(tuple(f"f{i:02}" for i in range(20)))
+    assert many[IGNORED_HEADER].endswith("f15 (and 4 more)")
+    for value in (*hostile.values(), *many.values()):
+        value.encode("ascii")  # a header value, one line
+        assert "\n" not in value and "\r" not in value

@@ -1,5 +1,5 @@
 """Request bodies: vLLM's and OpenAI's sampling parameters taken, the ones the engine
-does not implement refused with a 400 that says so."""
+does not implement refused with a 400 that says so, unknown ones ignored and named."""
 
 from __future__ import annotations
 
@@ -90,5 +90,12 @@ def test_what_changes_nothing_here_is_taken() -> None:
         echo=False,
         tools=[],
     )
-    assert request.n == 2
-    assert refusal(misspelt=1).message == "Unknown parameter: 'misspelt'."
+    assert request.n == 2 and request.ignored == ()
+
+
+def test_unknown_fields_are_ignored_and_named() -> None:
+    request = parse(misspelt=1, extra_thing={"a": 1}, temperature=0.5)
+    assert request.ignored == ("extra_thing", "misspelt")
+    assert request.params.temperature == 0.5  # the rest of the body is read as ever
+    # A refused field is still refused, however many unknown ones come with it.
+    assert refusal(misspelt=1, echo=True).param == "echo"

@@ -27,7 +27,7 @@ CASES: list[tuple[str, str, Any, int, str | None]] = [
     ("not an object", "/v1/completions", [1, 2], 400, None),
     ("no model", "/v1/completions", {"prompt": "hi"}, 400, "model"),
     ("unknown model", "/v1/completions", {**DONE, "model": "nope"}, 404, "model"),
-    ("unknown field", "/v1/completions", {**DONE, "temprature": 1}, 400, "temprature"),
+    ("refused field", "/v1/completions", {**DONE, "echo": True}, 400, "echo"),
     ("wrong type", "/v1/completions", {**DONE, "max_tokens": "many"}, 400, "max_tokens"),
     ("negative max_tokens", "/v1/completions", {**DONE, "max_tokens": -1}, 400, "max_tokens"),
     ("huge n", "/v1/completions", {**DONE, "n": 1000}, 400, "n"),
@@ -106,6 +106,22 @@ def test_beyond_context_names_the_numbers(server: ServerThread) -> None:
     )
     message = r.json()["error"]["message"]
     assert "2048" in message and "5000" in message
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_unknown_fields_are_ignored_with_a_warning(server: ServerThread, stream: bool) -> None:
+    body = {**DONE, "max_tokens": 2, "temprature": 1, "stream": stream}
+    r = request(
+        "POST", server.url + "/v1/completions", body=json.dumps(body).encode(), headers=AUTH
+    )
+    assert r.status_code == 200, r.text
+    assert r.headers["X-Shunter-Ignored-Parameters"] == "temprature"
+    assert "temprature" in r.headers["Warning"] and r.headers["Warning"].startswith("299 ")
+    plain = request(
+        "POST", server.url + "/v1/completions", body=json.dumps(DONE).encode(), headers=AUTH
+    )
+    assert "Warning" not in plain.headers and "X-Shunter-Ignored-Parameters" not in plain.headers
+    assert_no_leaks(server.engine_state())
 
 
 def test_request_id_is_echoed(server: ServerThread) -> None:
