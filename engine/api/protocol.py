@@ -10,7 +10,7 @@ vLLM parameters the engine does not implement are refused with a 400 saying so
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from shunter.engine.api.errors import bad_request
@@ -25,6 +25,7 @@ from shunter.engine.api.fields import (
     token_ids,
     top_k,
 )
+from shunter.engine.api.structured import Structure, structure
 from shunter.engine.exec.params import MAX_LOGPROBS, SamplingParams
 
 MAX_N = 8
@@ -60,23 +61,28 @@ _COMMON = {
     "repetition_penalty",
     "min_p",
     "logit_bias",
-    # Taken and ignored: nothing here stores completions or runs tools in parallel.
+    # Taken and ignored: nothing here stores completions.
     "store",
-    "parallel_tool_calls",
-    "response_format",
+    "parallel_tool_calls",  # read with 'tools' (``structured``)
+    "response_format",  # ``structured``
 }
 MAX_STOP_TOKEN_IDS = 64
 # What the OpenAI or vLLM API offers and this engine refuses, and why.
 UNSUPPORTED = {
     "echo": "'echo' (returning the prompt with the completion) is not supported.",
     "suffix": "'suffix' (text after the insertion point) is not supported.",
-    "tools": "'tools' (function calling) is not supported yet.",
-    "tool_choice": "'tool_choice' (function calling) is not supported yet.",
-    "functions": "'functions' (function calling) is not supported yet.",
-    "function_call": "'function_call' (function calling) is not supported yet.",
+    "functions": "'functions' (deprecated function calling) is not supported: use 'tools'.",
+    "function_call": "'function_call' (deprecated function calling) is not supported: use "
+    "'tool_choice'.",
 }
 COMPLETION_FIELDS = _COMMON | {"prompt", "best_of"}
-CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs"}
+CHAT_FIELDS = _COMMON | {
+    "messages",
+    "max_completion_tokens",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+}
 STREAM_OPTIONS = {"include_usage", "continuous_usage_stats"}
 ROLES = ("system", "user", "assistant", "tool", "developer")
 
@@ -95,7 +101,9 @@ class ServedModelInfo(Protocol):
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]: ...
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str: ...
+    def render_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -114,6 +122,7 @@ class GenerationRequest:
     include_usage: bool
     continuous_usage: bool = False
     ignored: tuple[str, ...] = ()  # unknown fields, left out (``headers.ignored_headers``)
+    structure: Structure = field(default_factory=Structure)  # ``structured``
 
     @property
     def num_choices(self) -> int:
@@ -142,7 +151,8 @@ def parse_completion(
     prompts = [_prompt_ids(p, info) for p in texts]
     default = COMPLETIONS_DEFAULT_MAX_TOKENS
     max_tokens = integer(body, "max_tokens", 1, None, None)
-    return _request(body, info, prompts, max_tokens, default, logprobs, ignored)
+    shape = structure(body, chat=False)
+    return _request(body, info, prompts, max_tokens, default, logprobs, ignored, shape)
 
 
 def parse_chat(
@@ -159,8 +169,10 @@ def parse_chat(
     else:
         logprobs = top or 0
     messages = _messages(body.get("messages"))
+    shape = structure(body, chat=True)
+    tools = [t.render() for t in shape.tools] if shape.mode == "auto" else None
     try:
-        text = info.render_chat(messages)
+        text = info.render_chat(messages, tools)
     except ValueError as e:
         raise bad_request(str(e), "messages") from None
     # The template writes its own special tokens (a BOS among them): adding the
@@ -169,7 +181,7 @@ def parse_chat(
     max_tokens = integer(body, "max_completion_tokens", 1, None, None)
     if max_tokens is None:
         max_tokens = integer(body, "max_tokens", 1, None, None)
-    return _request(body, info, [prompt], max_tokens, None, logprobs, ignored)
+    return _request(body, info, [prompt], max_tokens, None, logprobs, ignored, shape)
 
 
 def _request(
@@ -180,6 +192,7 @@ def _request(
     default_max_tokens: int | None,
     logprobs: int | None,
     ignored: tuple[str, ...],
+    shape: Structure,
 ) -> GenerationRequest:
     longest = max(len(p) for p in prompts)
     if max_tokens is None:
@@ -238,6 +251,7 @@ def _request(
         repetition_penalty=number(body, "repetition_penalty", 0.0, 2.0, 1.0, open_low=True),
         min_p=number(body, "min_p", 0.0, 1.0, 0.0),
         logit_bias=logit_bias(body.get("logit_bias"), info.vocab_size),
+        grammar=shape.grammar,
     )
     return GenerationRequest(
         model=info.name,
@@ -248,6 +262,7 @@ def _request(
         include_usage=include_usage,
         continuous_usage=continuous_usage,
         ignored=ignored,
+        structure=shape,
     )
 
 
@@ -275,13 +290,6 @@ def _check_fields(body: dict[str, Any], allowed: set[str]) -> tuple[str, ...]:
     if refused:
         raise bad_request(UNSUPPORTED[refused[0]], refused[0])
     unknown = tuple(sorted(set(body) - allowed - set(UNSUPPORTED)))
-    response_format = body.get("response_format")
-    if response_format is not None and response_format != {"type": "text"}:
-        raise bad_request(
-            "'response_format' other than {'type': 'text'} (JSON mode, structured outputs) "
-            "is not supported yet.",
-            "response_format",
-        )
     for name in ("store", "parallel_tool_calls"):
         if name in body and body[name] is not None and not isinstance(body[name], bool):
             raise bad_request(f"'{name}' must be a boolean.", name)
@@ -325,7 +333,10 @@ def _prompt_ids(
     return ids
 
 
-def _messages(value: Any) -> list[dict[str, str]]:
+def _messages(value: Any) -> list[dict[str, Any]]:
+    """The conversation as templates take it: each message's role and text, an
+    assistant's ``tool_calls`` (its content may then be null) and a tool message's
+    ``tool_call_id``."""
     if not isinstance(value, list) or not value:
         raise bad_request("'messages' must be a non-empty list.", "messages")
     out = []
@@ -335,8 +346,43 @@ def _messages(value: Any) -> list[dict[str, str]]:
                 f"messages[{i}] must be an object with 'role' one of {', '.join(ROLES)}.",
                 "messages",
             )
-        out.append({"role": message["role"], "content": _content(message.get("content"), i)})
+        calls = message.get("tool_calls")
+        content = message.get("content")
+        entry: dict[str, Any] = {"role": message["role"]}
+        if calls is not None and message["role"] == "assistant":
+            entry["tool_calls"] = _tool_calls(calls, i)
+            content = "" if content is None else content
+        entry["content"] = _content(content, i)
+        if message["role"] == "tool" and isinstance(message.get("tool_call_id"), str):
+            entry["tool_call_id"] = message["tool_call_id"]
+        out.append(entry)
     return out
+
+
+def _tool_calls(calls: Any, i: int) -> list[dict[str, Any]]:
+    """An assistant message's earlier calls, each ``{"id", "type": "function",
+    "function": {"name", "arguments"}}`` with string arguments (OpenAI's shape)."""
+    ok = isinstance(calls, list) and all(
+        isinstance(c, dict)
+        and isinstance(f := c.get("function"), dict)
+        and isinstance(f.get("name"), str)
+        and isinstance(f.get("arguments"), str)
+        for c in calls
+    )
+    if not ok:
+        raise bad_request(
+            f"messages[{i}].tool_calls must be a list of {{'id', 'type': 'function', "
+            "'function': {'name', 'arguments': string}}.",
+            "messages",
+        )
+    return [
+        {
+            "id": c.get("id", ""),
+            "type": "function",
+            "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]},
+        }
+        for c in calls
+    ]
 
 
 def _content(content: Any, i: int) -> str:

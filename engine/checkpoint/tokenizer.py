@@ -13,18 +13,15 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
+from shunter.engine.api.chatml import CHATML_TEMPLATE
+
 BOS = "<|begin_of_text|>"
 EOS = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 SPECIAL_TOKENS = (EOS, BOS, IM_START, IM_END)
 
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
+CHAT_TEMPLATE = CHATML_TEMPLATE  # api.chatml
 
 # Merges beyond this add nothing on a corpus this small.
 MAX_TRAINED_VOCAB = 2048

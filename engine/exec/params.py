@@ -38,6 +38,9 @@ class SamplingParams:
     - ``logit_bias`` adds a bias in [-100, 100] to the logits of the tokens it names
       (OpenAI's); ``min_p`` (vLLM's; 0: off) drops the tokens whose probability, after
       temperature, is below ``min_p`` times the most likely token's.
+    - ``grammar`` (None: free text) is an llguidance grammar (``api.structured``) the
+      output must follow: tokens it does not allow are never sampled, and the request
+      ends when it is complete.
     - ``logprobs`` (None: off) reports each sampled token's log-probability under the
       model's distribution, with that many most likely alternatives (0..20).
     """
@@ -57,6 +60,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     min_p: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         if self.temperature < 0:

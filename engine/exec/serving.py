@@ -130,6 +130,7 @@ class PreparedModel:
     eos_token_ids: tuple[int, ...]
     token_bytes: list[bytes]
     timing: LayerTiming | None
+    tokenizer_json: str = ""  # for constrained output
 
 
 def prepare_model(
@@ -165,6 +166,7 @@ def prepare_model(
         host_kv=host_swap_space(config.host_swap_bytes, shape, model_dtype, pin=pin),
         eos_token_ids=eos_token_ids(path),
         token_bytes=token_bytes(tokenizer),
+        tokenizer_json=tokenizer.to_str(),
         timing=measure_timing(packed, device) if timing else None,
     )
 
@@ -271,6 +273,7 @@ class TorchEngine:
             eos_token_ids=p.eos_token_ids,
             token_bytes=p.token_bytes,
             frames=WeightFrames(p.packed, self.arena.frames(layout, p.packed)),
+            tokenizer_json=p.tokenizer_json,
         )
         self.executor.add_model(p.name, served)
 

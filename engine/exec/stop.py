@@ -32,6 +32,7 @@ class StopChecker:
     ) -> None:
         self.params = params
         self._stop_ids = set(params.stop_token_ids)
+        self._eos_ids = set(eos_token_ids)
         if not params.ignore_eos:
             self._stop_ids |= set(eos_token_ids)
         self._detok = detokenizer
@@ -49,11 +50,18 @@ class StopChecker:
             return tuple(sorted(self._stop_ids))
         return ()
 
-    def append(self, token_id: int) -> str | None:
+    def append(self, token_id: int, *, grammar_done: bool = False) -> str | None:
+        """Account ``token_id``; ``grammar_done``: the request's grammar is complete with
+        it, which ends the request (``"stop"``) whatever ``min_tokens`` says, without the
+        text of an end-of-sequence token."""
         if self.finish_reason is not None:
             raise RuntimeError("the request has already finished")
         self.num_tokens += 1
         may_stop = self.num_tokens >= self.params.min_tokens
+        if grammar_done:
+            if token_id not in self._stop_ids and token_id not in self._eos_ids:
+                self.text += self._detok.push(token_id)
+            return self._finish(STOP, self._detok.flush())
         if may_stop and token_id in self._stop_ids:
             if token_id in self.params.stop_token_ids:
                 self.stop_reason = token_id

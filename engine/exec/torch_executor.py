@@ -14,10 +14,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import llguidance
 import torch
 
 from shunter.engine.exec.batch import ForwardBatch, SequenceChunk
 from shunter.engine.exec.detok import IncrementalDetokenizer
+from shunter.engine.exec.grammar import GrammarTokenizers, consume, mask_logits, new_matcher
 from shunter.engine.exec.model import Transformer
 from shunter.engine.exec.params import SamplingParams, TokenLogprob
 from shunter.engine.exec.sampling import apply_penalties, request_generator, sample
@@ -32,7 +34,8 @@ from shunter.engine.plan import BatchEntry, StepPlan, StepResult
 class ServedModel:
     """A model as the executor runs it: forward pass, KV view, and what ends a request.
 
-    ``token_bytes`` is the tokenizer's byte table (``detok.token_bytes``). ``frames``
+    ``token_bytes`` is the tokenizer's byte table (``detok.token_bytes``) and
+    ``tokenizer_json`` the tokenizer itself, for grammars. ``frames``
     (a model in the arena) lets plans remap its layers; without it they never move.
     """
 
@@ -42,6 +45,7 @@ class ServedModel:
     eos_token_ids: tuple[int, ...]
     token_bytes: list[bytes]
     frames: WeightFrames | None = None
+    tokenizer_json: str = ""  # for constrained output (``grammar``)
 
 
 @dataclass
@@ -52,6 +56,7 @@ class _Sequence:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     outputs: list[int] = field(default_factory=list)  # the tokens sampled so far
     prompt: tuple[int, ...] = ()  # for the repetition penalty
+    matcher: llguidance.LLMatcher | None = None  # with a grammar
 
 
 class TorchExecutor(Executor):
@@ -74,6 +79,7 @@ class TorchExecutor(Executor):
         self.num_layers_restored = 0
         self._copies: dict[torch.device, CopyStream] = {}
         self._sequences: dict[str, _Sequence] = {}
+        self._grammar_tokenizers = GrammarTokenizers()
 
     def add_model(self, name: str, served: ServedModel) -> None:
         self.models[name] = served
@@ -84,17 +90,25 @@ class TorchExecutor(Executor):
     def remove_model(self, name: str) -> None:
         """Stop running a model (none of its requests may be scheduled again)."""
         del self.models[name]
+        self._grammar_tokenizers.forget(name)
 
     def add_request(
         self, request_id: str, model: str, params: SamplingParams, prompt: Sequence[int] = ()
     ) -> None:
         served = self.models[model]
         detok = IncrementalDetokenizer(served.token_bytes)
+        matcher = None
+        if params.grammar is not None:
+            tokenizer = self._grammar_tokenizers.get(
+                model, served.tokenizer_json, served.model.arch.vocab_size, served.eos_token_ids
+            )
+            matcher = new_matcher(tokenizer, params.grammar)
         self._sequences[request_id] = _Sequence(
             params=params,
             generator=request_generator(params, served.model.device),
             stop=StopChecker(params, served.eos_token_ids, detok),
             prompt=tuple(prompt) if params.repetition_penalty != 1 else (),
+            matcher=matcher,
         )
 
     def output(self, request_id: str) -> tuple[str, str | None]:
@@ -196,8 +210,12 @@ class TorchExecutor(Executor):
         sampling = [self._sequences[request_id] for request_id in sampled]
         params = [s.params for s in sampling]
         outputs = [s.outputs for s in sampling]
+        constrained = [(row, s.matcher) for row, s in enumerate(sampling) if s.matcher is not None]
         tokens = sample(
-            apply_penalties(logits, params, outputs, [s.prompt for s in sampling]),
+            mask_logits(
+                apply_penalties(logits, params, outputs, [s.prompt for s in sampling]).float(),
+                constrained,
+            ),
             params,
             [s.generator for s in sampling],
             [s.stop.banned_tokens() for s in sampling],
@@ -206,7 +224,8 @@ class TorchExecutor(Executor):
         for request_id, seq, token in zip(sampled, sampling, tokens, strict=True):
             result.emitted[request_id] = token
             seq.outputs.append(token)
-            if seq.stop.append(token) is not None:
+            done = seq.matcher is not None and consume(seq.matcher, token)
+            if seq.stop.append(token, grammar_done=done) is not None:
                 result.stopped.add(request_id)
         return timer
 

@@ -2,8 +2,7 @@
 
 A model's chat template comes from its ``tokenizer_config.json`` (``chat_template``),
 rendered with Jinja2 in a sandbox. Without one, ``DEFAULT_CHAT_TEMPLATE`` applies:
-ChatML (``<|im_start|>role\\ncontent<|im_end|>\\n`` per message, then
-``<|im_start|>assistant\\n``).
+ChatML with tools (``api.chatml``).
 """
 
 from __future__ import annotations
@@ -17,15 +16,11 @@ from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+from shunter.engine.api.chatml import CHATML_TEMPLATE
 from shunter.engine.config import ModelSpec, SloSpec
 from shunter.engine.exec.detok import token_bytes
 
-DEFAULT_CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
+DEFAULT_CHAT_TEMPLATE = CHATML_TEMPLATE
 SHARING_MODES = ("spatial", "temporal")
 
 
@@ -103,13 +98,16 @@ class ServedModel:
         ids: list[int] = self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
         return ids
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
-        """The prompt for ``messages``; ValueError when the template refuses them (a
-        template may raise on a role order it does not support)."""
+    def render_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> str:
+        """The prompt for ``messages``, with ``tools`` offered (templates read them as
+        ``tools``); ValueError when the template refuses them (a template may raise on a
+        role order it does not support)."""
         try:
             template = _ENV.from_string(self.template_source)
             text: str = template.render(
-                messages=messages, add_generation_prompt=True, **self.special_tokens
+                messages=messages, tools=tools, add_generation_prompt=True, **self.special_tokens
             )
         except TemplateError as e:
             raise ValueError(f"the chat template of model {self.name!r} failed: {e}") from None

@@ -99,7 +99,9 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
         request.headers.get(SLO_HEADER), state.slo_of(name), state.settings.slo_classes
     )
     tenant = request.headers.get(TENANT_HEADER, "")
-    call = Call(chat, request[REQUEST_ID], served, extras, gen.params.logprobs is not None)
+    call = Call(
+        chat, request[REQUEST_ID], served, extras, gen.params.logprobs is not None, gen.structure
+    )
     loop = asyncio.get_running_loop()
     sink: asyncio.Queue[tuple[int, Delta]] = asyncio.Queue()
     streams = []
@@ -247,7 +249,8 @@ async def _stream(
                     )
                 )
             generated += len(delta.token_ids)  # counted from the chunk that carries them
-            if delta.text or delta.finish_reason is not None or delta.token_ids:
+            held = call.holds_text and delta.finish_reason is None  # sent whole at the end
+            if not held and (delta.text or delta.finish_reason is not None or delta.token_ids):
                 finish = delta.finish_reason
                 await send(
                     call.envelope(

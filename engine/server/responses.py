@@ -4,10 +4,14 @@ choices, and the usage."""
 
 from __future__ import annotations
 
+import json
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from shunter.engine.api.structured import Structure, required_calls
+from shunter.engine.api.tool_parsers import parse_tool_calls
 from shunter.engine.exec.params import TokenLogprob
 from shunter.engine.server.logprobs import chat_logprobs, completion_logprobs
 from shunter.engine.server.models import ServedModel
@@ -38,6 +42,7 @@ class Call:
         served: ServedModel,
         extras: dict[str, Any],
         with_logprobs: bool,
+        structure: Structure | None = None,
     ) -> None:
         self.chat = chat
         self.id = ("chatcmpl-" if chat else "cmpl-") + request_id
@@ -46,6 +51,60 @@ class Call:
         self.with_logprobs = with_logprobs
         self.created = int(time.time())
         self.return_token_ids = bool(extras.get("return_token_ids"))
+        self.structure = structure or Structure()
+
+    @property
+    def holds_text(self) -> bool:
+        """Whether a stream holds a choice's text back until it ends: an answer read as
+        tool calls is sent whole, as calls (and the content left beside them)."""
+        return self.chat and self.structure.calls_tools
+
+    def tool_calls(self, c: Choice) -> tuple[str | None, list[dict[str, Any]]]:
+        """A finished choice read as tool calls: its content (None when only calls were
+        written) and its calls in OpenAI's shape, each with a fresh id."""
+        s = self.structure
+        if s.mode == "named" and s.function is not None:
+            calls = [(s.function, _compact(c.text))]
+            content = None
+        elif s.mode == "required":
+            calls, content = required_calls(c.text), None
+            if not calls:  # cut before the array closed: what was written is content
+                content = c.text
+        else:
+            content, calls = parse_tool_calls(c.text, {t.name for t in s.tools})
+        return content, [
+            {
+                "id": "call_" + secrets.token_hex(12),
+                "type": "function",
+                "function": {"name": name, "arguments": arguments},
+            }
+            for name, arguments in calls
+        ]
+
+    def message(self, c: Choice) -> tuple[dict[str, Any], str | None]:
+        """A whole choice's ``message`` and finish reason (``tool_calls`` when it made
+        calls and was not cut by the length limit)."""
+        if not self.structure.calls_tools:
+            return {"role": "assistant", "content": c.text}, c.finish_reason
+        content, calls = self.tool_calls(c)
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if not calls:
+            return message, c.finish_reason
+        message["tool_calls"] = calls
+        return message, "tool_calls" if c.finish_reason == "stop" else c.finish_reason
+
+    def final_delta(self, c: Choice) -> tuple[dict[str, Any], str | None]:
+        """The held-back stream's last delta: the content and the calls, each call with
+        its ``index``, and the finish reason."""
+        message, finish = self.message(c)
+        delta: dict[str, Any] = {}
+        if message.get("content"):
+            delta["content"] = message["content"]
+        if "tool_calls" in message:
+            delta["tool_calls"] = [
+                {"index": i, **call} for i, call in enumerate(message["tool_calls"])
+            ]
+        return delta, finish
 
     @property
     def object(self) -> str:
@@ -74,10 +133,13 @@ class Call:
     ) -> dict[str, Any]:
         out: dict[str, Any] = {"index": c.index}
         if self.chat:
-            if chunk:
-                out["delta"] = {"role": "assistant", "content": ""} if first else {"content": text}
+            if chunk and self.holds_text and finish is not None and not first:
+                out["delta"], finish = self.final_delta(c)
+            elif chunk:
+                delta = {} if self.holds_text else {"content": text}
+                out["delta"] = {"role": "assistant", "content": ""} if first else delta
             else:
-                out["message"] = {"role": "assistant", "content": text}
+                out["message"], finish = self.message(c)
         else:
             out["text"] = text
         out["logprobs"] = self._logprobs(c, logprobs or [])
@@ -106,3 +168,11 @@ def usage(choices: list[Choice], prompts: list[list[int]]) -> dict[str, int]:
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
+
+
+def _compact(text: str) -> str:
+    """A named call's arguments as compact JSON, or as written when cut short."""
+    try:
+        return json.dumps(json.loads(text))
+    except ValueError:
+        return text

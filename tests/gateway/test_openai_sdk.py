@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from typing import Any, Literal
 
 import openai
 import pytest
+from pydantic import BaseModel, Field
 
 from shunter.platform.models import Deployment
 from shunter.tenants.models import Tenant, UsageRollup
@@ -171,3 +173,61 @@ def test_the_model_path_names_the_model(setup: Setup) -> None:
         headers=auth,
     )
     assert r.status == 403
+
+
+class Signal(BaseModel):
+    """Bounded fields, so a random-weight model's answer always closes."""
+
+    aspect: Literal["red", "yellow", "green"]
+    track: int = Field(ge=1, le=12)
+
+
+def set_signal(aspect: Literal["red", "green"], track: int) -> str:
+    return f"{aspect} on {track}"
+
+
+class SetSignal(BaseModel):
+    aspect: Literal["red", "green"]
+    track: int = Field(ge=1, le=12)
+
+
+def test_structured_output_and_a_tool_round_trip_through_the_gateway(setup: Setup) -> None:
+    client = setup.client()
+    messages: Any = [{"role": "user", "content": "Which signal?"}]
+    parsed = client.beta.chat.completions.parse(
+        model="llama", messages=messages, response_format=Signal, max_tokens=60, seed=1
+    ).choices[0]
+    assert parsed.finish_reason == "stop" and isinstance(parsed.message.parsed, Signal)
+    tool = openai.pydantic_function_tool(SetSignal, name="set_signal")
+    for stream in (False, True):
+        if stream:
+            with client.beta.chat.completions.stream(
+                model="llama", messages=messages, tools=[tool], tool_choice="required",
+                max_tokens=60, seed=2,
+            ) as events:  # fmt: skip
+                final = events.get_final_completion().choices[0]
+        else:
+            final = client.beta.chat.completions.parse(
+                model="llama", messages=messages, tools=[tool], tool_choice="required",
+                max_tokens=60, seed=2,
+            ).choices[0]  # fmt: skip
+        assert final.finish_reason == "tool_calls"
+        (call_,) = final.message.tool_calls or []
+        arguments = call_.function.parsed_arguments
+        assert isinstance(arguments, SetSignal) and call_.function.name == "set_signal"
+    result = set_signal(arguments.aspect, arguments.track)
+    answer = client.chat.completions.create(
+        model="llama",
+        messages=[
+            *messages,
+            {"role": "assistant", "content": None, "tool_calls": [{
+                "id": call_.id, "type": "function",
+                "function": {"name": call_.function.name, "arguments": call_.function.arguments},
+            }]},
+            {"role": "tool", "tool_call_id": call_.id, "content": result},
+        ],
+        tools=[tool],
+        tool_choice="none",
+        max_tokens=4,
+    ).choices[0]  # fmt: skip
+    assert answer.message.content and answer.message.tool_calls is None

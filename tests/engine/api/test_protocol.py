@@ -19,7 +19,9 @@ class Info:
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return [1 + len(word) % 50 for word in text.split()]
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
+    def render_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> str:
         return " ".join(m["content"] for m in messages)
 
 
@@ -67,9 +69,8 @@ def test_bad_values_name_their_parameter(fields: dict[str, Any], param: str) -> 
     [
         ({"echo": True}, "'echo'"),
         ({"suffix": "end"}, "'suffix'"),
-        ({"tools": [{"type": "function"}]}, "function calling"),
-        ({"tool_choice": "required"}, "function calling"),
-        ({"response_format": {"type": "json_object"}}, "JSON mode"),
+        ({"functions": [{"name": "f"}]}, "use 'tools'"),
+        ({"function_call": "auto"}, "use 'tool_choice'"),
         ({"best_of": 3}, "'best_of'"),
     ],
 )
@@ -88,7 +89,6 @@ def test_what_changes_nothing_here_is_taken() -> None:
         best_of=2,
         n=2,
         echo=False,
-        tools=[],
     )
     assert request.n == 2 and request.ignored == ()
 
@@ -99,3 +99,10 @@ def test_unknown_fields_are_ignored_and_named() -> None:
     assert request.params.temperature == 0.5  # the rest of the body is read as ever
     # A refused field is still refused, however many unknown ones come with it.
     assert refusal(misspelt=1, echo=True).param == "echo"
+
+
+def test_completions_take_a_response_format_and_refuse_tools() -> None:
+    request = parse(response_format={"type": "json_object"})
+    assert request.params.grammar is not None and not request.structure.calls_tools
+    error = refusal(tools=[{"type": "function", "function": {"name": "f"}}])
+    assert error.param == "tools" and "chat" in error.message

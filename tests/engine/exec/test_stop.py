@@ -118,3 +118,15 @@ def test_appending_after_the_finish_is_an_error(tokenizer: Tokenizer) -> None:
     assert f.feed([5]) == LENGTH
     with pytest.raises(RuntimeError):
         f.checker.append(5)
+
+
+def test_a_complete_grammar_ends_the_request_even_before_min_tokens(tokenizer: Tokenizer) -> None:
+    f = Feed(tokenizer, max_tokens=50, min_tokens=10, ignore_eos=True)
+    first, last = f.ids("ab")[:1], f.ids("}")
+    assert f.feed(first) is None
+    assert f.checker.append(last[0], grammar_done=True) == STOP
+    assert f.checker.text == f.tokenizer.decode(first + last[:1])
+    g = Feed(tokenizer, max_tokens=50, ignore_eos=True)
+    g.feed(first)
+    assert g.checker.append(EOS, grammar_done=True) == STOP  # EOS adds no text
+    assert g.checker.text == g.tokenizer.decode(first)
