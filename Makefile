@@ -34,7 +34,7 @@ gpu-check:
 
 gpu-wheels:
 	@python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-	  --implementation cp -d .whl "django>=5.2,<5.3" asgiref sqlparse
+	  --implementation cp -d .whl "django>=5.2,<5.3" asgiref sqlparse "llguidance>=1.0"
 
 # A SIMULATED comparison of the four policies on the paper's setting (Qwen2.5-32B, GH200).
 sim: install

@@ -6,8 +6,8 @@
 #
 # It uses the python3 on the PATH with the torch, Triton and transformers found there
 # (it installs nothing from a registry: the machine may have no network). Wheels of
-# pure-Python packages the tests import (Django, asgiref, sqlparse) are installed from
-# .whl/ when that folder exists and they are missing; `make gpu-wheels` fills it on a
+# the packages the tests import beyond torch (Django, asgiref, sqlparse, llguidance)
+# are installed from .whl/ when that folder exists and they are missing; `make gpu-wheels` fills it on a
 # machine with a registry. Every step has its own time limit and its exit status goes in
 # the report; the command fails when a step failed.
 set -uo pipefail
@@ -25,7 +25,7 @@ say() { echo "$*" | tee -a "$SUMMARY"; }
 # The project imports as `shunter` from this checkout, whatever python3 this is.
 SITE=$(mktemp -d)
 ln -s "$REPO" "$SITE/shunter"
-if [ -d .whl ] && ! "$PY" -c "import django" 2>/dev/null; then
+if [ -d .whl ] && ! "$PY" -c "import django, llguidance" 2>/dev/null; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/*.whl ||
     say "wheels from .whl/ did not install"
 fi
