@@ -5,8 +5,16 @@ shutdown). Servers run it with lifespan on (``shunter web``, ``shunter demo``)."
 from __future__ import annotations
 
 import os
+import warnings
 
 from django.core.asgi import get_asgi_application
+
+# WhiteNoise answers static files with a file iterator, which Django's ASGI handler reads
+# in a worker thread (what the warning is about) on every page's CSS and scripts. They
+# are a few kilobytes, cached by browsers, and the gateway's streams do not go this way.
+warnings.filterwarnings(
+    "ignore", message="StreamingHttpResponse must consume synchronous iterators"
+)
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "shunter.project.settings")
 # Django must be set up before anything imports models (the websocket routes do).

@@ -274,7 +274,9 @@ else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 # Celery reads every CELERY_* setting (see shunter.project.celery).
-CELERY_BROKER_URL = REDIS_URL or "memory://"
+# In-process tasks need no broker; the memory transport's URL names a host only so that
+# kombu does not warn that none was supplied.
+CELERY_BROKER_URL = REDIS_URL or "memory://localhost//"
 CELERY_RESULT_BACKEND = REDIS_URL or "cache+memory://"
 CELERY_TASK_ALWAYS_EAGER = not REDIS_URL
 CELERY_TASK_EAGER_PROPAGATES = True
@@ -330,6 +332,13 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "filters": {"refused_host": {"()": "shunter.project.logfilters.RefusedHost"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("SHUNTER_LOG_LEVEL", "INFO")},
+    "loggers": {
+        # Django's own console handler (DEBUG) would print each of its records a second
+        # time beside the root's: its records go to the root alone.
+        "django": {"handlers": [], "propagate": True},
+        "django.security.DisallowedHost": {"filters": ["refused_host"]},
+    },
 }

@@ -28,7 +28,18 @@ stamp="$VENV/.shunter-installed"
 if [ -f "$stamp" ] && cmp -s pyproject.toml "$stamp" && "$VENV/bin/python" -c "import shunter.engine" 2>/dev/null; then
   exit 0
 fi
-echo "installing torch==2.13.0, then shunter[dev] (editable)"
-"$VENV/bin/pip" install --quiet "torch==2.13.0"
-"$VENV/bin/pip" install --quiet -e ".[dev]"
+# One line per step, with its time: a first install takes a minute or two.
+step() {
+  local label=$1 start=$SECONDS
+  shift
+  echo "install: $label ..."
+  "$@"
+  echo "install: $label done in $((SECONDS - start)) s"
+}
+step "[1/2] torch==2.13.0 (the CPU build)" "$VENV/bin/pip" install --quiet "torch==2.13.0"
+# setuptools warns, on every editable install, that folders at the repository root
+# (platform/, project/, ...) share names with the package's parts: that is this layout
+# by design (package-dir maps them; tests/project/test_packaging.py holds it).
+step "[2/2] shunter[dev], editable, and its dependencies" \
+  env PYTHONWARNINGS="ignore:Editable installation" "$VENV/bin/pip" install --quiet -e ".[dev]"
 cp pyproject.toml "$stamp"

@@ -78,7 +78,11 @@ def test_every_package_folder_is_listed_in_pyproject() -> None:
     on_disk = set()
     for top in MAPPED:
         for folder in [REPO / top, *(p for p in (REPO / top).rglob("*") if p.is_dir())]:
-            if "__pycache__" in folder.parts or not any(folder.glob("*.py")):
+            code = any(folder.glob("*.py"))
+            # A folder of package data only (templates, static files, shipped data) is
+            # listed too, or setuptools warns that it installs it as data.
+            data = not code and any(f.is_file() for f in folder.iterdir())
+            if "__pycache__" in folder.parts or not (code or data):
                 continue
             rel = folder.relative_to(REPO).parts
             on_disk.add(".".join(("shunter", *rel)))
@@ -88,12 +92,13 @@ def test_every_package_folder_is_listed_in_pyproject() -> None:
 @pytest.mark.slow
 def test_wheel_installs_and_imports_in_a_fresh_venv(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
-    subprocess.run(
+    build = subprocess.run(
         [
             sys.executable,
             "-m",
             "pip",
             "wheel",
+            "-v",  # the build backend's own output, its warnings included
             "--no-deps",
             "--no-build-isolation",
             "-w",
@@ -104,6 +109,7 @@ def test_wheel_installs_and_imports_in_a_fresh_venv(tmp_path: Path) -> None:
         capture_output=True,
         timeout=300,
     )
+    assert b"absent from the `packages` configuration" not in build.stderr + build.stdout
     (wheel,) = dist.glob("shunter-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "shunter/project/settings.py" in names

@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from shunter.project.settings import database_from_url, env_bool
-from tests.conftest import REPO
+from tests.conftest import REPO, VENV_BIN, Process, free_port
 
 PROBE = (
     "import json, shunter.project.settings as s;"
@@ -44,7 +47,7 @@ def test_embedded_default_uses_sqlite_in_memory_layer_and_eager_tasks(
     assert loaded["layer"] == "channels.layers.InMemoryChannelLayer"
     assert loaded["cache"].endswith("LocMemCache")  # type: ignore[union-attr]
     assert loaded["eager"] is True
-    assert loaded["broker"] == "memory://"
+    assert loaded["broker"] == "memory://localhost//"
     # The generated key is kept and reused.
     key_file = tmp_path / "var" / "secret_key"
     assert key_file.read_text() == loaded["key"]
@@ -111,3 +114,41 @@ def test_database_connections_give_up_after_a_connect_timeout() -> None:
     assert db["OPTIONS"] == {"connect_timeout": 10}
     with pytest.raises(ImproperlyConfigured, match="connect_timeout"):
         database_from_url("postgres://db/shunter?connect_timeout=0")
+
+
+@pytest.mark.slow
+def test_a_web_process_logs_each_event_once_and_no_traceback_for_a_bad_host(
+    clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    port = free_port()
+    log = tmp_path / "web.log"
+    web = Process(
+        [str(VENV_BIN / "shunter"), "web", "--port", str(port)], {**clean_env, "DEBUG": "1"}, log
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while not _get(url + "/console/login/"):
+            assert web.proc.poll() is None and time.monotonic() < deadline, web.output()
+            time.sleep(0.3)
+        assert _get(url + "/static/console/console.css") == 200
+        assert _get(url + "/no-such-page") == 404
+        assert _get(url + "/console/login/", {"Host": "evil.example"}) == 400
+        time.sleep(0.5)
+    finally:
+        web.stop()
+    text = log.read_text()
+    assert text.count("Not Found: /no-such-page") == 1
+    assert text.count("Invalid HTTP_HOST header") == 1 and "Traceback" not in text
+    assert "StreamingHttpResponse" not in text
+
+
+def _get(url: str, headers: dict[str, str] | None = None) -> int:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+    except OSError:
+        return 0
