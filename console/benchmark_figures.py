@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from shunter.console.figures import PALETTE, Figure, _layout
+from shunter.console.figures import PALETTE, SIDE_LEGEND, Figure, _layout
 from shunter.platform.models import BenchmarkRun
 
 # (result key, legend suffix, dash) per drawn quantity.
@@ -80,6 +80,7 @@ def attainment_vs_rate(runs: Sequence[BenchmarkRun]) -> Figure:
         height=340,
         xaxis={"title": {"text": "requests/s"}},
         yaxis={"range": [0, 1.05], "tickformat": ".0%", "title": {"text": "requests meeting"}},
+        legend=SIDE_LEGEND,
     )
     return {"data": _lines(run_series(runs), ATTAINMENT), "layout": layout}
 
@@ -92,5 +93,6 @@ def latency_vs_rate(runs: Sequence[BenchmarkRun], *, tpot: bool = False) -> Figu
         height=340,
         xaxis={"title": {"text": "requests/s"}},
         yaxis={"title": {"text": "ms"}, "rangemode": "tozero"},
+        legend=SIDE_LEGEND,
     )
     return {"data": _lines(run_series(runs), TPOT if tpot else LATENCY), "layout": layout}

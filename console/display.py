@@ -31,6 +31,15 @@ def byte_size(n: int | None) -> str:
     return f"{value:.1f} GiB"
 
 
+def slo_text(row: TenantRow) -> str:
+    """``interactive: TTFT ≤ 1000 ms, TBT ≤ 50 ms (0.95 both)``: a tenant's class, its
+    targets and its attainment target, as the overview writes it beside attainment."""
+    targets = ""
+    if row["ttft_ms"] is not None and row["tbt_ms"] is not None:
+        targets = f": TTFT ≤ {row['ttft_ms']:g} ms, TBT ≤ {row['tbt_ms']:g} ms"
+    return f"{row['slo_class']}{targets} ({row['target']:g} both)"
+
+
 @dataclass(frozen=True)
 class Cell:
     """A table cell: ``field`` names it for live updates, ``css`` is its status class."""

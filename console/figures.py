@@ -28,6 +28,11 @@ BASE_LAYOUT: dict[str, Any] = {
 }
 
 
+# A legend beside the plot, for figures with a titled x axis: below it, the legend and
+# the axis title would overlap.
+SIDE_LEGEND: dict[str, Any] = {"orientation": "v", "x": 1.02, "xanchor": "left", "y": 1}
+
+
 def _layout(title: str, **extra: Any) -> dict[str, Any]:
     return {**BASE_LAYOUT, "title": {"text": title, "font": {"size": 14}}, **extra}
 
@@ -45,22 +50,25 @@ def attainment_figure(
     series: Mapping[str, Mapping[str, float | None]],
     names: Mapping[str, str],
     span: tuple[float, float],
+    step_s: int,
 ) -> Figure:
     """One line per tenant: joint SLO attainment (0..1) over time. ``series`` maps a
     tenant id to {bucket start in Unix seconds: attainment, None without requests};
     each trace's ``meta`` is its tenant id so live deltas find it. ``span``: the time
-    axis, (start, end) in Unix seconds."""
+    axis, (start, end) in Unix seconds; ``step_s``: the buckets' length. A bucket without
+    requests breaks the line (``with_gaps``) rather than being drawn across; the page's
+    script does the same for live points, reading ``layout.meta.step_s``."""
     data = []
     for tenant_id, points in series.items():
-        times = sorted(points, key=int)
+        times, values = with_gaps(points, step_s)
         data.append(
             {
                 "type": "scatter",
                 "mode": "lines+markers",
                 "name": names.get(tenant_id, tenant_id),
                 "meta": tenant_id,
-                "x": [int(t) * 1000 for t in times],
-                "y": [points[t] for t in times],
+                "x": [t * 1000 for t in times],
+                "y": values,
                 "connectgaps": False,
             }
         )
@@ -69,14 +77,36 @@ def attainment_figure(
         xaxis={"type": "date", "range": [span[0] * 1000, span[1] * 1000]},
         yaxis={"range": [0, 1.05], "tickformat": ".0%", "title": {"text": "both SLOs met"}},
         height=300,
+        meta={"step_s": step_s},
     )
     return {"data": data, "layout": layout}
 
 
+def with_gaps(
+    points: Mapping[str, float | None], step_s: int
+) -> tuple[list[int], list[float | None]]:
+    """The points in time order, with a None one bucket after each point that the next
+    does not follow at once: plotly then leaves the empty buckets blank."""
+    times = sorted(int(t) for t in points)
+    out_t: list[int] = []
+    out_v: list[float | None] = []
+    for i, t in enumerate(times):
+        out_t.append(t)
+        out_v.append(points[str(t)])
+        if i + 1 < len(times) and times[i + 1] - t > step_s:
+            out_t.append(t + step_s)
+            out_v.append(None)
+    return out_t, out_v
+
+
 def memory_figure(memory: MemoryMap, model_order: Sequence[str]) -> Figure:
-    """The memory map as horizontal bars: HBM pages by owner, the part of the KV region
-    that sits on lent weight pages, and host memory. Hover shows exact bytes."""
-    unit, size = byte_unit(max(memory.hbm_bytes, memory.host_bytes, 1))
+    """The memory map as two charts, each to its own scale: the device (HBM pages by
+    owner, and under them the part of the KV region that sits on lent weight pages) and
+    host memory (each model's weight copy, the KV swap space). Hover shows exact bytes.
+    A model's colour is one hue: weights solid, KV light, its lent layers and its host
+    weight copy light with a pattern in the solid colour (hatched and dotted)."""
+    device_unit, device_size = byte_unit(max(memory.hbm_bytes, 1))
+    host_unit, host_size = byte_unit(max(memory.host_bytes, 1))
     colour = {name: i % len(PALETTE) for i, name in enumerate(model_order)}
     data = []
     for s in memory.segments:
@@ -86,13 +116,16 @@ def memory_figure(memory: MemoryMap, model_order: Sequence[str]) -> Figure:
             "kv": LIGHT[i],
             "free": FREE,
             "lent": LIGHT[i],
-            "host_weights": PALETTE[i],
+            "host_weights": LIGHT[i],
             "swap": SWAP,
             "swap_free": FREE,
         }[s.kind]
         marker: dict[str, Any] = {"color": fill, "line": {"color": "#ffffff", "width": 1}}
-        if s.kind == "lent":
-            marker["pattern"] = {"shape": "/", "fgcolor": PALETTE[i]}
+        pattern = {"lent": "/", "host_weights": "."}.get(s.kind)
+        if pattern:
+            marker["pattern"] = {"shape": pattern, "fgcolor": PALETTE[i], "solidity": 0.4}
+        host = s.row == ROW_HOST
+        size = host_size if host else device_size
         data.append(
             {
                 "type": "bar",
@@ -101,17 +134,27 @@ def memory_figure(memory: MemoryMap, model_order: Sequence[str]) -> Figure:
                 "y": [s.row],
                 "x": [s.bytes / size],
                 "base": [s.offset / size],
+                "xaxis": "x2" if host else "x",
+                "yaxis": "y2" if host else "y",
                 "marker": marker,
                 "hovertemplate": f"{s.label}: {s.bytes:,} bytes<extra></extra>",
                 "showlegend": s.row != ROW_LENT,
             }
         )
     layout = _layout(
-        f"Memory map ({unit})",
+        "Memory map",
         barmode="overlay",
-        height=260,
-        yaxis={"categoryorder": "array", "categoryarray": [ROW_HOST, ROW_LENT, ROW_HBM]},
+        height=320,
+        xaxis={"title": {"text": f"device, {device_unit}"}, "anchor": "y", "rangemode": "tozero"},
+        yaxis={
+            "domain": [0.52, 1.0],
+            "categoryorder": "array",
+            "categoryarray": [ROW_LENT, ROW_HBM],
+        },
+        xaxis2={"title": {"text": f"host, {host_unit}"}, "anchor": "y2", "rangemode": "tozero"},
+        yaxis2={"domain": [0.0, 0.22], "categoryorder": "array", "categoryarray": [ROW_HOST]},
     )
+    layout["legend"] = SIDE_LEGEND
     return {"data": data, "layout": layout}
 
 

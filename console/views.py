@@ -67,7 +67,9 @@ def plotly_js(request: HttpRequest) -> FileResponse:
 @require_GET
 def overview(request: HttpRequest) -> HttpResponse:
     data = selectors.overview()
-    rows = [(row, display.tenant_cells(row)) for row in data["tenants"].values()]
+    rows = [
+        (row, display.slo_text(row), display.tenant_cells(row)) for row in data["tenants"].values()
+    ]
     return render(
         request,
         "console/overview.html",

@@ -51,6 +51,8 @@ class TenantRow(TypedDict):
     name: str
     slo_class: str
     target: float
+    ttft_ms: float | None  # the class's targets (None: each deployment's class)
+    tbt_ms: float | None
     active: bool
     windows: dict[str, Attainment]
     status: str
@@ -113,6 +115,8 @@ def overview(now: datetime | None = None) -> Overview:
             "is_active",
             "default_slo_class__name",
             "default_slo_class__attainment_target",
+            "default_slo_class__ttft_ms",
+            "default_slo_class__tbt_ms",
         )
         .annotate(deployments_target=Subquery(strictest))
         .order_by("name")
@@ -164,6 +168,8 @@ def overview(now: datetime | None = None) -> Overview:
             "name": tenant.name,
             "slo_class": slo.name if slo is not None else PER_DEPLOYMENT,
             "target": target,
+            "ttft_ms": slo.ttft_ms if slo is not None else None,
+            "tbt_ms": slo.tbt_ms if slo is not None else None,
             "active": tenant.is_active,
             "windows": per_window,
             "status": per_window[str(STATUS_WINDOW_MIN)]["status"],
@@ -230,11 +236,13 @@ def overview_figures(data: Overview) -> dict[str, figures.Figure]:
             data["minute"],
             names,
             (data["minute_since"], data["at"]),
+            60,
         ),
         "fine": figures.attainment_figure(
             "Joint SLO attainment per 5 s (last 5 minutes)",
             data["fine"],
             names,
             (data["fine_since"], data["at"]),
+            FINE_BUCKET_S,
         ),
     }

@@ -257,6 +257,12 @@ def test_console_in_a_browser(world: dict[str, Any], web: Gateway, browser: Brow
     holder = page.text_content('[data-field="turn_holder"]')
     assert holder == node.state["tenancy"]["turn_holder"]
     assert page.locator("#models-body tr").count() == 2
+    # Device and host memory each on its own axis, in its own unit.
+    axes = page.evaluate(
+        "(() => { const l = document.getElementById('chart-memory').layout;"
+        " return [l.xaxis.title.text, l.xaxis2.title.text]; })()"
+    )
+    assert axes[0].startswith("device, ") and axes[1].startswith("host, ")
     browser.shot("node")
 
     # The tenant page: the request in its deployment's latency histograms.
@@ -264,6 +270,11 @@ def test_console_in_a_browser(world: dict[str, Any], web: Gateway, browser: Brow
     page.wait_for_selector("#chart-ttft .main-svg", timeout=30_000)
     names = page.evaluate("document.getElementById('chart-ttft').data.map(t => t.name)")
     assert names == ["llama @ cpu-node"]
+    # A recent request's row is marked by its SLO outcome, not painted by its status.
+    classes = page.evaluate(
+        "Array.from(document.querySelectorAll('table.recent tbody tr'), r => r.className)"
+    )
+    assert classes and all(c in {"row-ok", "row-warn", "row-miss"} for c in classes)
     browser.shot("tenant")
 
     for name, path in (
@@ -272,6 +283,7 @@ def test_console_in_a_browser(world: dict[str, Any], web: Gateway, browser: Brow
     ):
         page.goto(base + path)
         page.wait_for_load_state("networkidle")
+        assert page.locator("#live").is_hidden()  # no live updates here: no badge
         browser.shot(name)
     assert page.locator("#no-benchmarks").is_visible()
 

@@ -63,11 +63,36 @@ def test_memory_figure_draws_every_segment_at_its_offset() -> None:
     mem = memory_map(state, {})
     fig = memory_figure(mem, ["llama", "qwen"])
     assert len(fig["data"]) == len(mem.segments)
-    # About 3 MiB in all: drawn in KiB (a unit keeps at least 4 of the largest row).
-    assert fig["layout"]["title"]["text"] == "Memory map (KiB)"
+    layout = fig["layout"]
+    # About 3 MiB of device memory: drawn in KiB (a unit keeps at least 4 of the row).
+    assert layout["xaxis"]["title"]["text"] == "device, KiB"
     for trace, s in zip(fig["data"], mem.segments, strict=True):
         assert trace["y"] == [s.row]
-        assert trace["base"][0] * 1024 == s.offset
+        unit = 1024.0 if s.row != ROW_HOST else _unit(layout["xaxis2"]["title"]["text"])
+        assert trace["base"][0] * unit == s.offset
         assert f"{s.bytes:,} bytes" in trace["hovertemplate"]
     lent = [t for t in fig["data"] if t["y"] == [ROW_LENT]]
-    assert lent and all("pattern" in t["marker"] for t in lent)
+    assert lent and all(t["marker"]["pattern"]["shape"] == "/" for t in lent)
+
+
+def test_device_and_host_each_have_their_own_scale_and_weights_differ_from_copies() -> None:
+    state = engine_like_state()
+    # A host swap space 100 times the device: on one axis the device would be a sliver.
+    state["host_swap"] = {"bytes_used": 0, "bytes_total": 300 * 1024**2}
+    mem = memory_map(state, {})
+    fig = memory_figure(mem, ["llama", "qwen"])
+    layout = fig["layout"]
+    assert layout["xaxis"]["title"]["text"] == "device, KiB"
+    assert layout["xaxis2"]["title"]["text"] == "host, MiB"
+    device = [t for t in fig["data"] if t["y"] != [ROW_HOST]]
+    host = [t for t in fig["data"] if t["y"] == [ROW_HOST]]
+    assert {t["xaxis"] for t in device} == {"x"} and {t["xaxis"] for t in host} == {"x2"}
+    weights = {t["marker"]["color"] for t in device if t["name"].endswith(" weights")}
+    copies = [t["marker"] for t in host if t["name"].endswith("weight copy")]
+    assert copies and all(
+        m["color"] not in weights and m["pattern"]["shape"] == "." for m in copies
+    )
+
+
+def _unit(title: str) -> float:
+    return {"B": 1.0, "KiB": 1024.0, "MiB": 1024.0**2, "GiB": 1024.0**3}[title.split(", ")[1]]

@@ -359,3 +359,39 @@ def test_query_counts_are_bounded_with_fifty_tenants(
     for url, budget in budgets.items():
         with django_assert_max_num_queries(budget):
             assert staff_client.get(url).status_code == 200, url
+
+
+def test_recent_requests_are_coloured_by_their_slo_and_sizes_say_mib(
+    staff_client: Client, world: dict[str, Any]
+) -> None:
+    tenant, deployment = world["tenant"], world["deployment"]
+    record(tenant, deployment, request_id="req-fast")
+    record(tenant, deployment, request_id="req-slow", ttft_ms=600_000.0)  # an ok status, missed
+    record(tenant, deployment, request_id="req-failed", status="error", http_status=500)
+    page = staff_client.get(f"/console/tenants/{tenant.pk}/").content.decode()
+    rows = {
+        rid: tr
+        for tr in re.findall(r"<tr class=\"[^\"]*\">.*?</tr>", page, re.S)
+        if (rid := next(iter(re.findall(r"req-(?:fast|slow|failed)", tr)), None))
+    }
+    assert 'class="row-ok"' in rows["req-fast"]
+    assert (
+        'class="row-warn"' in rows["req-slow"]
+        and 'class="status-miss">TTFT missed' in rows["req-slow"]
+    )
+    assert 'class="row-miss"' in rows["req-failed"]
+    assert "status-ok" not in rows["req-slow"].split("</td>")[0]  # the row itself is not green
+    fit = staff_client.get("/console/deployments/").content.decode()
+    assert " MB<" not in fit and re.search(r"\d iB<|\d (K|M|G)iB<", fit)
+    assert '<th class="num">Needed</th>' in fit
+
+
+def test_the_overview_shows_each_classs_targets_beside_attainment(
+    staff_client: Client, world: dict[str, Any]
+) -> None:
+    tenant = world["tenant"]
+    cls = tenant.default_slo_class
+    page = staff_client.get("/console/").content.decode()
+    targets = f"TTFT ≤ {cls.ttft_ms:g} ms, TBT ≤ {cls.tbt_ms:g} ms"
+    shown = f"{cls.name}: {targets} ({cls.attainment_target:g} both)"
+    assert shown in page

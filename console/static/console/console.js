@@ -45,10 +45,12 @@
     return div;
   }
 
+  // The badge shows only on pages that subscribe: a static page is not "offline".
   function setLive(on) {
     var badge = document.getElementById("live");
     if (!badge) return;
-    badge.textContent = on ? "live" : "offline";
+    badge.hidden = false;
+    badge.textContent = on ? "live" : "reconnecting";
     badge.className = "live " + (on ? "on" : "off");
   }
 
@@ -84,8 +86,11 @@
     }
 
     // Django's floatformat:"-2": no decimals for a whole number, else two.
-    function target(value) {
-      return Number.isInteger(value) ? String(value) : Number(value).toFixed(2);
+    // display.slo_text's words: the class, its targets, its share meeting both.
+    function sloText(row) {
+      var targets = row.ttft_ms === null || row.tbt_ms === null || row.ttft_ms === undefined ? ""
+        : ": TTFT \u2264 " + Number(row.ttft_ms) + " ms, TBT \u2264 " + Number(row.tbt_ms) + " ms";
+      return row.slo_class + targets + " (" + Number(row.target) + " both)";
     }
 
     // A row as overview.html writes it, for a tenant created after the page loaded.
@@ -129,7 +134,7 @@
         tag.previousSibling.remove();  // the space before it
         tag.remove();
       }
-      tr.cells[1].textContent = row.slo_class + " (" + target(row.target) + ")";
+      tr.cells[1].textContent = sloText(row);
       WINDOWS.forEach(function (w) {
         var a = row.windows[w];
         setCell(tr.querySelector('[data-field="w' + w + '-ttft"]'), percent(a.ttft));
@@ -148,11 +153,18 @@
         var points = chart.points[id];
         var times = Object.keys(points).map(Number).filter(function (t) { return t >= chart.since; });
         times.sort(function (a, b) { return a - b; });
+        // An empty bucket breaks the line (figures.with_gaps does the same server-side).
+        var step = (chart.div.layout.meta || {}).step_s;
+        var x = [], y = [];
+        times.forEach(function (t, i) {
+          x.push(t * 1000); y.push(points[t]);
+          if (step && i + 1 < times.length && times[i + 1] - t > step) {
+            x.push((t + step) * 1000); y.push(null);
+          }
+        });
         return {
           type: "scatter", mode: "lines+markers", name: names[id] || id, meta: id,
-          x: times.map(function (t) { return t * 1000; }),
-          y: times.map(function (t) { return points[t]; }),
-          connectgaps: false
+          x: x, y: y, connectgaps: false
         };
       });
       var layout = chart.div.layout;
