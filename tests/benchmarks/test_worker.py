@@ -222,21 +222,30 @@ def test_a_second_run_on_the_same_target_waits_for_the_lock(
     second_job = job_on(node, "lock-b", rates=[4.0], num_requests=4)
     first = benchmark_run_start(job=first_job, queue=QUEUE)
     second = benchmark_run_start(job=second_job, queue=QUEUE)
-    wait_for(lambda: run_status(first) == "running", 60, "the first run to start", worker)
-    # While the first holds the node, the second is picked up, finds it busy, and waits.
+    # The worker may take either up first (four threads take tasks at once): whichever
+    # holds the node, the other waits for it.
+    runs = (first, second)
+    holder = wait_for(
+        lambda: next((r for r in runs if run_status(r) == "running"), None),
+        60,
+        "a run to start",
+        worker,
+    )
+    waiter = second if holder is first else first
     for _ in range(10):
-        # Read the second run first: if the first is still running afterwards, it was
-        # running when the second was read, so the second must have been waiting.
-        second_status = run_status(second)
-        if run_status(first) != "running":
+        # Read the waiter first: if the holder is still running afterwards, it was
+        # running when the waiter was read, so the waiter must have been waiting.
+        waiter_status = run_status(waiter)
+        if run_status(holder) != "running":
             break
-        assert second_status == "queued"
+        assert waiter_status == "queued"
         time.sleep(0.2)
-    wait_for(lambda: run_status(second) in BenchmarkRun.FINISHED, 180, "the second run", worker)
-    first.refresh_from_db()
-    assert first.status == second.status == "succeeded", (first.error, second.error)
-    assert first.finished_at is not None and second.started_at is not None
-    assert second.started_at >= first.finished_at
+    for run in (holder, waiter):
+        wait_for(lambda r=run: run_status(r) in BenchmarkRun.FINISHED, 180, "the runs", worker)
+        run.refresh_from_db()
+    assert holder.status == waiter.status == "succeeded", (holder.error, waiter.error)
+    assert holder.finished_at is not None and waiter.started_at is not None
+    assert waiter.started_at >= holder.finished_at
     assert "retry" in worker.output().lower()
 
 
