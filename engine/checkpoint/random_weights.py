@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -130,11 +131,21 @@ def _write_weights(out: Path, arch: ArchConfig, *, seed: int, max_shard_bytes: i
         )
         tensors = {n: _random_tensor(n, shapes[n], arch, gen).to(dtype) for n in names}
         save_file(tensors, str(out / file), metadata={"format": "pt"})
+        # safetensors writes its file owner-only (0600); a model directory is read by
+        # other users too (an engine container's user), as the JSON files beside it are.
+        _readable_as_umask_allows(out / file)
         weight_map.update(dict.fromkeys(names, file))
     if len(shards) > 1:
         total = sum(math.prod(s) for s in shapes.values()) * dtype.itemsize
         index_json = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (out / "model.safetensors.index.json").write_text(json.dumps(index_json, indent=2) + "\n")
+
+
+def _readable_as_umask_allows(path: Path) -> None:
+    """Give ``path`` the mode a newly created file gets here (0666 less the umask)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    path.chmod(0o666 & ~umask)
 
 
 def _shard(

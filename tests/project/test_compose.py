@@ -104,19 +104,23 @@ def test_every_long_running_service_has_a_health_check_and_data_is_in_volumes() 
 
 def test_the_web_health_check_passes_django_host_check() -> None:
     """Django answers 400 to a Host header outside ALLOWED_HOSTS: the check must send one
-    that the service's default ALLOWED_HOSTS allows."""
+    that the service's ALLOWED_HOSTS allows, by default and with the README's own."""
     from django.http import HttpRequest
     from django.test import override_settings
 
     probe = SERVICES["web"]["healthcheck"]["test"][-1]
     host = re.search(r"'Host': '([^']+)'", probe)
     assert host is not None, probe
-    default = re.fullmatch(r"\$\{ALLOWED_HOSTS:-(.*)\}", COMPOSE["x-shunter-env"]["ALLOWED_HOSTS"])
-    assert default is not None
-    request = HttpRequest()
-    request.META = {"HTTP_HOST": host.group(1), "SERVER_NAME": "x", "SERVER_PORT": "8000"}
-    with override_settings(ALLOWED_HOSTS=default.group(1).split(",")):
-        assert request.get_host() == host.group(1)
+    value = COMPOSE["x-shunter-env"]["ALLOWED_HOSTS"]
+    readme = re.search(r"^ALLOWED_HOSTS=(.+)$", (REPO / "README.md").read_text(), re.M)
+    assert readme is not None
+    for given in (None, readme.group(1)):
+        # Compose's substitution: ${VAR:-default} is the default when VAR is unset.
+        hosts = re.sub(r"\$\{ALLOWED_HOSTS:-([^}]*)\}", lambda m, g=given: g or m.group(1), value)
+        request = HttpRequest()
+        request.META = {"HTTP_HOST": host.group(1), "SERVER_NAME": "x", "SERVER_PORT": "8000"}
+        with override_settings(ALLOWED_HOSTS=hosts.split(",")):
+            assert request.get_host() == host.group(1), hosts
 
 
 def test_web_reads_models_at_the_path_the_engine_loads_them() -> None:

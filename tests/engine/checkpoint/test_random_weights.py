@@ -152,3 +152,13 @@ def test_the_cli_parser_does_not_import_torch() -> None:
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_weights_are_as_readable_as_the_files_beside_them(tmp_path: Path) -> None:
+    out = init_model_dir(
+        tmp_path / "m", config=preset_config("tiny-llama"), seed=0, max_shard_bytes=200_000
+    )
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+    weights = [name for name in modes if name.endswith(".safetensors")]
+    assert len(weights) > 1  # sharded: every shard
+    assert {modes[n] for n in weights} == {modes["config.json"]}
