@@ -1,11 +1,13 @@
 """Request bodies of ``/v1/completions`` and ``/v1/chat/completions``, checked and turned
 into what the engine runs.
 
-Pure parsing, no torch: every mistake becomes a 400 ``ApiError`` naming the parameter.
-Unknown fields are refused, so a misspelt parameter never passes silently; OpenAI and
-vLLM parameters the engine does not implement are refused with a 400 saying so
-(``UNSUPPORTED``), and those that change nothing here are taken and ignored (``store``,
-``parallel_tool_calls``, a ``response_format`` of ``text``, ``best_of`` equal to ``n``).
+Pure parsing, no torch: every mistake in a known field becomes a 400 ``ApiError`` naming
+the parameter. Unknown fields are ignored and named in the answer's headers
+(``headers.ignored_headers``), as vLLM ignores them; OpenAI and vLLM parameters the
+engine does not implement are refused with a 400 saying so (``UNSUPPORTED``); ``store``
+is taken and changes nothing; ``response_format``, ``tools`` and ``tool_choice`` are
+``structured``'s; ``best_of`` (completions) runs that many sequences per prompt and
+returns the ``n`` most likely.
 """
 
 from __future__ import annotations
@@ -122,11 +124,18 @@ class GenerationRequest:
     include_usage: bool
     continuous_usage: bool = False
     ignored: tuple[str, ...] = ()  # unknown fields, left out (``headers.ignored_headers``)
+    best_of: int | None = None  # sequences run per prompt (None: n); the n most likely return
+    logprobs_shown: bool = False  # whether the answer shows logprobs (ranking forces them)
     structure: Structure = field(default_factory=Structure)  # ``structured``
 
     @property
     def num_choices(self) -> int:
         return len(self.prompts) * self.n
+
+    @property
+    def runs_per_prompt(self) -> int:
+        """Sequences run for each prompt: ``best_of``, else ``n``."""
+        return self.best_of or self.n
 
 
 def model_name(body: Any) -> str:
@@ -147,12 +156,13 @@ def parse_completion(
     ignored = _check_fields(body, COMPLETION_FIELDS)
     logprobs = integer(body, "logprobs", 0, MAX_COMPLETION_LOGPROBS, None)
     texts = _prompt_list(body.get("prompt"))
-    _check_sequences(len(texts), _n(body), max_sequences)
+    best_of = integer(body, "best_of", 1, MAX_N, None)
+    _check_sequences(len(texts), max(_n(body), best_of or 1), max_sequences)
     prompts = [_prompt_ids(p, info) for p in texts]
     default = COMPLETIONS_DEFAULT_MAX_TOKENS
     max_tokens = integer(body, "max_tokens", 1, None, None)
     shape = structure(body, chat=False)
-    return _request(body, info, prompts, max_tokens, default, logprobs, ignored, shape)
+    return _request(body, info, prompts, max_tokens, default, logprobs, ignored, shape, best_of)
 
 
 def parse_chat(
@@ -181,7 +191,7 @@ def parse_chat(
     max_tokens = integer(body, "max_completion_tokens", 1, None, None)
     if max_tokens is None:
         max_tokens = integer(body, "max_tokens", 1, None, None)
-    return _request(body, info, [prompt], max_tokens, None, logprobs, ignored, shape)
+    return _request(body, info, [prompt], max_tokens, None, logprobs, ignored, shape, None)
 
 
 def _request(
@@ -193,7 +203,11 @@ def _request(
     logprobs: int | None,
     ignored: tuple[str, ...],
     shape: Structure,
+    best_of: int | None,
 ) -> GenerationRequest:
+    """The request: ``best_of`` (completions only; None: n) sequences per prompt, of
+    which the n of highest cumulative log-probability are returned."""
+    logprobs_shown = logprobs is not None
     longest = max(len(p) for p in prompts)
     if max_tokens is None:
         max_tokens = info.max_context - longest
@@ -229,12 +243,15 @@ def _request(
         continuous_usage = include_usage and boolean(options, "continuous_usage_stats", False)
     seed = integer(body, "seed", -(2**63), 2**63 - 1, None)
     n = _n(body)
-    best_of = integer(body, "best_of", 1, MAX_N, None)
-    if best_of is not None and best_of != n:
+    best_of = best_of or n
+    if best_of < n:
+        raise bad_request(f"'best_of' must be at least n (here {n}).", "best_of")
+    if best_of > n and stream:
         raise bad_request(
-            f"'best_of' other than n (here {n}) is not supported: each choice is returned.",
-            "best_of",
+            "'best_of' above n cannot be streamed: the best are known last.", "best_of"
         )
+    if best_of > n and logprobs is None:
+        logprobs = 0  # ranking needs each token's log-probability; the answer leaves them out
     params = SamplingParams(
         temperature=number(body, "temperature", 0.0, 2.0, 1.0),
         top_p=number(body, "top_p", 0.0, 1.0, 1.0, open_low=True),
@@ -263,6 +280,8 @@ def _request(
         continuous_usage=continuous_usage,
         ignored=ignored,
         structure=shape,
+        best_of=best_of,
+        logprobs_shown=logprobs_shown,
     )
 
 

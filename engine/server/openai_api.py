@@ -99,16 +99,14 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
         request.headers.get(SLO_HEADER), state.slo_of(name), state.settings.slo_classes
     )
     tenant = request.headers.get(TENANT_HEADER, "")
-    call = Call(
-        chat, request[REQUEST_ID], served, extras, gen.params.logprobs is not None, gen.structure
-    )
+    call = Call(chat, request[REQUEST_ID], served, extras, gen.logprobs_shown, gen.structure)
     loop = asyncio.get_running_loop()
     sink: asyncio.Queue[tuple[int, Delta]] = asyncio.Queue()
     streams = []
     choices = []
     for p, prompt in enumerate(gen.prompts):
-        for i in range(gen.n):
-            index = p * gen.n + i
+        for i in range(gen.runs_per_prompt):
+            index = p * gen.runs_per_prompt + i
             params = gen.params
             if params.seed is not None and i:
                 params = dataclasses.replace(params, seed=(params.seed + i) % 2**63)
@@ -176,15 +174,31 @@ async def _collect(
     body = call.envelope(
         [
             call.choice(c, c.text, c.token_ids, c.finish_reason, chunk=False, logprobs=c.logprobs)
-            for c in choices
+            for c in best_choices(choices, gen.n, gen.runs_per_prompt)
         ],
         chunk=False,
     )
-    body["usage"] = usage(choices, gen.prompts)
+    body["usage"] = usage(choices, gen.prompts)  # every sequence run, returned or not
     headers = answer_headers(gen)
     if timing is not None:
         headers[TIMING_HEADER] = timing.header()
     return web.json_response(body, headers=headers)
+
+
+def best_choices(choices: list[Choice], n: int, best_of: int) -> list[Choice]:
+    """Of each prompt's ``best_of`` choices (consecutive), the ``n`` with the highest
+    cumulative log-probability, in that order and indexed anew; all of them when
+    ``best_of`` is ``n``."""
+    if best_of == n:
+        return choices
+    kept = []
+    for start in range(0, len(choices), best_of):
+        group = choices[start : start + best_of]
+        group.sort(key=lambda c: -sum(lp.logprob for lp in c.logprobs))
+        for rank, c in enumerate(group[:n]):
+            c.index = start // best_of * n + rank
+            kept.append(c)
+    return kept
 
 
 def answer_headers(gen: GenerationRequest) -> dict[str, str]:

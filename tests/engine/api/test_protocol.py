@@ -71,7 +71,6 @@ def test_bad_values_name_their_parameter(fields: dict[str, Any], param: str) -> 
         ({"suffix": "end"}, "'suffix'"),
         ({"functions": [{"name": "f"}]}, "use 'tools'"),
         ({"function_call": "auto"}, "use 'tool_choice'"),
-        ({"best_of": 3}, "'best_of'"),
     ],
 )
 def test_what_the_engine_does_not_implement_is_refused_saying_so(
@@ -106,3 +105,15 @@ def test_completions_take_a_response_format_and_refuse_tools() -> None:
     assert request.params.grammar is not None and not request.structure.calls_tools
     error = refusal(tools=[{"type": "function", "function": {"name": "f"}}])
     assert error.param == "tools" and "chat" in error.message
+
+
+def test_best_of_runs_more_sequences_and_ranks_them_by_log_probability() -> None:
+    request = parse(n=2, best_of=4, temperature=1.0)
+    assert (request.n, request.runs_per_prompt) == (2, 4)
+    assert request.params.logprobs == 0 and not request.logprobs_shown  # ranking only
+    shown = parse(n=1, best_of=3, logprobs=2)
+    assert shown.params.logprobs == 2 and shown.logprobs_shown
+    assert parse(n=2).runs_per_prompt == 2 and parse(n=2).best_of == 2
+    assert refusal(n=3, best_of=2).param == "best_of"
+    assert refusal(best_of=2, stream=True).param == "best_of"
+    assert refusal(best_of=9).param == "best_of"  # beyond MAX_N

@@ -291,3 +291,19 @@ def test_a_stop_string_is_the_stop_reason(client: openai.OpenAI) -> None:
     ).choices[0]
     assert cut.finish_reason == "stop" and cut.model_extra["stop_reason"] == stop
     assert stop not in cut.text
+
+
+def test_best_of_returns_the_most_likely_of_its_sequences(client: openai.OpenAI) -> None:
+    common: Any = dict(
+        model="qwen", prompt=PROMPT, max_tokens=6, temperature=1.0, seed=11,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    # The same seeds run the same four sequences (a choice's seed is the request's + i).
+    every = client.completions.create(n=4, logprobs=0, **common)
+    score = {c.text: sum(c.logprobs.token_logprobs or []) for c in every.choices if c.logprobs}
+    best = client.completions.create(n=2, best_of=4, **common)
+    assert [c.index for c in best.choices] == [0, 1]
+    assert all(c.logprobs is None for c in best.choices)  # asked for none: shown none
+    texts = [c.text for c in best.choices]
+    assert texts == sorted(score, key=lambda t: -score[t])[:2]
+    assert best.usage is not None and best.usage.completion_tokens == 4 * 6  # all four ran
