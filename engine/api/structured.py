@@ -77,7 +77,9 @@ def structure(body: dict[str, Any], *, chat: bool) -> Structure:
     """The body's ``response_format``, ``tools`` and ``tool_choice`` (400s name the
     field)."""
     tools = _tools(body.get("tools")) if chat else ()
-    choice = body.get("tool_choice", "auto" if tools else "none")
+    choice = body.get("tool_choice")
+    if choice is None:  # left out or null: OpenAI's default
+        choice = "auto" if tools else "none"
     if not chat and body.get("tools") not in (None, []):
         raise bad_request("'tools' are only for /v1/chat/completions.", "tools")
     form = _response_format(body.get("response_format"))

@@ -3,7 +3,8 @@ one llguidance matcher per constrained request, whose token mask rules the logit
 its row before sampling and which then consumes the sampled token.
 
 Each model's grammar tokenizer is built once, from its ``tokenizer.json`` and EOS ids,
-on its first constrained request. The masks are computed on the host (llguidance
+when the executor takes the model up (up to a second for a large vocabulary: never on
+the step path). The masks are computed on the host (llguidance
 releases the GIL) into one int32 bitmask, 32 tokens a word, unpacked on the logits'
 device; a token the mask does not allow gets -inf. A matcher that is stopped (its
 grammar complete) ends the request (``StopChecker.append``'s ``grammar_done``).

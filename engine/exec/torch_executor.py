@@ -83,9 +83,19 @@ class TorchExecutor(Executor):
 
     def add_model(self, name: str, served: ServedModel) -> None:
         self.models[name] = served
+        if served.tokenizer_json:
+            # Built now, not on the first constrained request: for a large vocabulary it
+            # takes up to a second, which would stall every model's step.
+            self._grammar_tokenizer(name)
         device = served.model.device
         if device not in self._copies:
             self._copies[device] = CopyStream(device)
+
+    def _grammar_tokenizer(self, model: str) -> llguidance.LLTokenizer:
+        served = self.models[model]
+        return self._grammar_tokenizers.get(
+            model, served.tokenizer_json, served.model.arch.vocab_size, served.eos_token_ids
+        )
 
     def remove_model(self, name: str) -> None:
         """Stop running a model (none of its requests may be scheduled again)."""
@@ -99,10 +109,7 @@ class TorchExecutor(Executor):
         detok = IncrementalDetokenizer(served.token_bytes)
         matcher = None
         if params.grammar is not None:
-            tokenizer = self._grammar_tokenizers.get(
-                model, served.tokenizer_json, served.model.arch.vocab_size, served.eos_token_ids
-            )
-            matcher = new_matcher(tokenizer, params.grammar)
+            matcher = new_matcher(self._grammar_tokenizer(model), params.grammar)
         self._sequences[request_id] = _Sequence(
             params=params,
             generator=request_generator(params, served.model.device),
