@@ -12,8 +12,9 @@ when the response ends, which corrects the estimate. Without ``max_tokens`` a ch
 request may run to the end of the context, and a completions request to OpenAI's default
 of 16 tokens (what the engine does).
 
-Bodies in the wrong shape count as one sequence: the engine refuses them with the exact
-reason.
+Bodies reach here read through the request models (``engine.api.requests``), so their
+fields have their types; what only the engine can check (a prompt's length against the
+context) it refuses with the exact reason.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
 from shunter.engine.api.jsonbody import parse_json
+from shunter.engine.api.requests import read_request
 from shunter.gateway.auth import authenticator
 from shunter.gateway.demand import demand_of
 from shunter.gateway.errors import ApiError, bad_request, model_not_found
@@ -139,6 +140,10 @@ async def generate_reply(request: GatewayRequest, endpoint: str, name: str | Non
         grant = await authenticator.authenticate(request.headers.get("Authorization"))
         body = read_body(request.body, name)
         route = await routes.choose(grant, body["model"])
+        # The engine's request models: a field of the wrong type or out of range is the
+        # same 400 here, once the key may use the model, before any quota or engine is
+        # asked.
+        read_request(body, chat=endpoint == "chat")
         demand = demand_of(
             body, endpoint, route.context_tokens, settings.GATEWAY_MAX_SEQUENCES_PER_REQUEST
         )

@@ -16,21 +16,16 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from shunter.engine.api.errors import bad_request
-from shunter.engine.api.fields import (
-    boolean,
-    integer,
-    is_int,
-    logit_bias,
-    min_tokens,
-    number,
-    stop_strings,
-    token_ids,
-    top_k,
+from shunter.engine.api.fields import is_int, logit_bias, token_ids
+from shunter.engine.api.requests import (
+    MAX_STOP,
+    ChatCompletionRequest,
+    CompletionRequest,
+    read_request,
 )
 from shunter.engine.api.structured import Structure, structure
-from shunter.engine.exec.params import MAX_LOGPROBS, SamplingParams
+from shunter.engine.exec.params import SamplingParams
 
-MAX_N = 8
 # The default bound of a request's sequences (prompts x n), engine setting
 # ``max_sequences_per_request``: half the default running cap (``SchedulerConfig.
 # max_running``, 256), so that one request never holds every running slot and another
@@ -38,37 +33,9 @@ MAX_N = 8
 # request keeping a quiet tenant's requests waiting for it to finish). The OpenAI API
 # bounds ``n`` at 128 too.
 MAX_SEQUENCES = 128
-MAX_COMPLETION_LOGPROBS = 5  # the OpenAI API's bound for /v1/completions
 # The OpenAI API's default for /v1/completions; chat defaults to the rest of the context.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
-_COMMON = {
-    "model",
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "seed",
-    "stop",
-    "n",
-    "stream",
-    "stream_options",
-    "presence_penalty",
-    "frequency_penalty",
-    "user",
-    "ignore_eos",
-    "min_tokens",
-    "logprobs",
-    "stop_token_ids",
-    "repetition_penalty",
-    "min_p",
-    "logit_bias",
-    # Taken and ignored: nothing here stores completions.
-    "store",
-    "parallel_tool_calls",  # read with 'tools' (``structured``)
-    "response_format",  # ``structured``
-}
-MAX_STOP_TOKEN_IDS = 64
 # What the OpenAI or vLLM API offers and this engine refuses, and why.
 UNSUPPORTED = {
     "echo": "'echo' (returning the prompt with the completion) is not supported.",
@@ -77,15 +44,6 @@ UNSUPPORTED = {
     "function_call": "'function_call' (deprecated function calling) is not supported: use "
     "'tool_choice'.",
 }
-COMPLETION_FIELDS = _COMMON | {"prompt", "best_of"}
-CHAT_FIELDS = _COMMON | {
-    "messages",
-    "max_completion_tokens",
-    "top_logprobs",
-    "tools",
-    "tool_choice",
-}
-STREAM_OPTIONS = {"include_usage", "continuous_usage_stats"}
 ROLES = ("system", "user", "assistant", "tool", "developer")
 
 
@@ -153,32 +111,33 @@ def parse_completion(
 ) -> GenerationRequest:
     """A completions body; a 400 past ``max_sequences`` (prompts x n), before any
     prompt is tokenized."""
-    ignored = _check_fields(body, COMPLETION_FIELDS)
-    logprobs = integer(body, "logprobs", 0, MAX_COMPLETION_LOGPROBS, None)
-    texts = _prompt_list(body.get("prompt"))
-    best_of = integer(body, "best_of", 1, MAX_N, None)
-    _check_sequences(len(texts), max(_n(body), best_of or 1), max_sequences)
+    req = read_request(body, chat=False)
+    assert isinstance(req, CompletionRequest)
+    _refuse_unsupported(req)
+    texts = _prompt_list(req.prompt)
+    _check_sequences(len(texts), max(req.n or 1, req.best_of or 1), max_sequences)
     prompts = [_prompt_ids(p, info) for p in texts]
-    default = COMPLETIONS_DEFAULT_MAX_TOKENS
-    max_tokens = integer(body, "max_tokens", 1, None, None)
     shape = structure(body, chat=False)
-    return _request(body, info, prompts, max_tokens, default, logprobs, ignored, shape, best_of)
+    return _request(
+        req, info, prompts, req.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, req.logprobs, shape
+    )
 
 
 def parse_chat(
     body: dict[str, Any], info: ServedModelInfo, *, max_sequences: int = MAX_SEQUENCES
 ) -> GenerationRequest:
     """A chat body; a 400 past ``max_sequences`` (n)."""
-    ignored = _check_fields(body, CHAT_FIELDS)
-    _check_sequences(1, _n(body), max_sequences)
-    top = integer(body, "top_logprobs", 0, MAX_LOGPROBS, None)
-    if not boolean(body, "logprobs", False):
-        if top is not None:
+    req = read_request(body, chat=True)
+    assert isinstance(req, ChatCompletionRequest)
+    _refuse_unsupported(req)
+    _check_sequences(1, req.n or 1, max_sequences)
+    if not req.logprobs:
+        if req.top_logprobs is not None:
             raise bad_request("'top_logprobs' needs 'logprobs': true.", "top_logprobs")
         logprobs = None
     else:
-        logprobs = top or 0
-    messages = _messages(body.get("messages"))
+        logprobs = req.top_logprobs or 0
+    messages = _messages(req.messages)
     shape = structure(body, chat=True)
     tools = [t.render() for t in shape.tools] if shape.mode == "auto" else None
     try:
@@ -188,26 +147,23 @@ def parse_chat(
     # The template writes its own special tokens (a BOS among them): adding the
     # tokenizer's would double them, as Hugging Face's apply_chat_template avoids.
     prompt = _prompt_ids(text, info, add_special_tokens=False)
-    max_tokens = integer(body, "max_completion_tokens", 1, None, None)
-    if max_tokens is None:
-        max_tokens = integer(body, "max_tokens", 1, None, None)
-    return _request(body, info, [prompt], max_tokens, None, logprobs, ignored, shape, None)
+    max_tokens = req.max_completion_tokens or req.max_tokens
+    return _request(req, info, [prompt], max_tokens, None, logprobs, shape)
 
 
 def _request(
-    body: dict[str, Any],
+    req: CompletionRequest | ChatCompletionRequest,
     info: ServedModelInfo,
     prompts: list[list[int]],
     max_tokens: int | None,
     default_max_tokens: int | None,
     logprobs: int | None,
-    ignored: tuple[str, ...],
     shape: Structure,
-    best_of: int | None,
 ) -> GenerationRequest:
     """The request: ``best_of`` (completions only; None: n) sequences per prompt, of
     which the n of highest cumulative log-probability are returned."""
     logprobs_shown = logprobs is not None
+    chat = isinstance(req, ChatCompletionRequest)
     longest = max(len(p) for p in prompts)
     if max_tokens is None:
         max_tokens = info.max_context - longest
@@ -217,7 +173,7 @@ def _request(
             raise bad_request(
                 f"This model's maximum context length is {info.max_context} tokens, and "
                 f"the prompt has {longest}: no room is left for output.",
-                "messages" if "messages" in body else "prompt",
+                "messages" if chat else "prompt",
             )
     elif longest + max_tokens > info.max_context:
         raise bad_request(
@@ -226,24 +182,17 @@ def _request(
             f"{max_tokens} for the completion). Please reduce the prompt or max_tokens.",
             "max_tokens",
         )
-    if "user" in body and not isinstance(body["user"], str):
-        raise bad_request("'user' must be a string.", "user")
-    stream = boolean(body, "stream", False)
-    options = body.get("stream_options")
+    stream = bool(req.stream)
+    options = req.stream_options
     include_usage = continuous_usage = False
     if options is not None:
         if not stream:
             raise bad_request("'stream_options' is only allowed with 'stream': true.")
-        if not isinstance(options, dict) or set(options) - STREAM_OPTIONS:
-            raise bad_request(
-                "'stream_options' may only hold 'include_usage' and 'continuous_usage_stats'."
-            )
-        include_usage = boolean(options, "include_usage", False)
+        include_usage = bool(options.include_usage)
         # As vLLM: usage on every chunk only along with the final usage chunk.
-        continuous_usage = include_usage and boolean(options, "continuous_usage_stats", False)
-    seed = integer(body, "seed", -(2**63), 2**63 - 1, None)
-    n = _n(body)
-    best_of = best_of or n
+        continuous_usage = include_usage and bool(options.continuous_usage_stats)
+    n = req.n or 1
+    best_of = (req.best_of if isinstance(req, CompletionRequest) else None) or n
     if best_of < n:
         raise bad_request(f"'best_of' must be at least n (here {n}).", "best_of")
     if best_of > n and stream:
@@ -252,22 +201,28 @@ def _request(
         )
     if best_of > n and logprobs is None:
         logprobs = 0  # ranking needs each token's log-probability; the answer leaves them out
+    min_tokens = req.min_tokens or 0
+    if min_tokens > max_tokens:
+        raise bad_request(
+            f"'min_tokens' ({min_tokens}) must not exceed max_tokens ({max_tokens}).",
+            "min_tokens",
+        )
     params = SamplingParams(
-        temperature=number(body, "temperature", 0.0, 2.0, 1.0),
-        top_p=number(body, "top_p", 0.0, 1.0, 1.0, open_low=True),
-        top_k=top_k(body),
-        seed=None if seed is None else seed % 2**63,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=max(0, req.top_k or 0),  # vLLM's -1 and 0 are both off
+        seed=None if req.seed is None else req.seed % 2**63,
         max_tokens=max_tokens,
-        min_tokens=min_tokens(body, max_tokens),
-        stop=stop_strings(body.get("stop")),
-        ignore_eos=boolean(body, "ignore_eos", False),
-        presence_penalty=number(body, "presence_penalty", -2.0, 2.0, 0.0),
-        frequency_penalty=number(body, "frequency_penalty", -2.0, 2.0, 0.0),
+        min_tokens=min_tokens,
+        stop=_stops(req.stop),
+        ignore_eos=bool(req.ignore_eos),
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
         logprobs=logprobs,
-        stop_token_ids=token_ids(body, "stop_token_ids", info.vocab_size, MAX_STOP_TOKEN_IDS),
-        repetition_penalty=number(body, "repetition_penalty", 0.0, 2.0, 1.0, open_low=True),
-        min_p=number(body, "min_p", 0.0, 1.0, 0.0),
-        logit_bias=logit_bias(body.get("logit_bias"), info.vocab_size),
+        stop_token_ids=token_ids(req.stop_token_ids, "stop_token_ids", info.vocab_size),
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        min_p=req.min_p or 0.0,
+        logit_bias=logit_bias(req.logit_bias, info.vocab_size),
         grammar=shape.grammar,
     )
     return GenerationRequest(
@@ -278,15 +233,20 @@ def _request(
         stream=stream,
         include_usage=include_usage,
         continuous_usage=continuous_usage,
-        ignored=ignored,
+        ignored=req.ignored,
         structure=shape,
         best_of=best_of,
         logprobs_shown=logprobs_shown,
     )
 
 
-def _n(body: dict[str, Any]) -> int:
-    return integer(body, "n", 1, MAX_N, 1) or 1
+def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
+    stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
+    if not all(stops):
+        raise bad_request("'stop' strings must not be empty.", "stop")
+    if len(stops) > MAX_STOP:
+        raise bad_request(f"'stop' takes at most {MAX_STOP} strings.", "stop")
+    return tuple(stops)
 
 
 def _check_sequences(prompts: int, n: int, max_sequences: int) -> None:
@@ -300,19 +260,12 @@ def _check_sequences(prompts: int, n: int, max_sequences: int) -> None:
         )
 
 
-def _check_fields(body: dict[str, Any], allowed: set[str]) -> tuple[str, ...]:
-    """400 for a field this engine refuses (``UNSUPPORTED``) or a bad ignored one; the
-    unknown fields, sorted, which the request goes on without."""
-    refused = sorted(
-        name for name in body if name in UNSUPPORTED and body[name] not in (None, False, "", [])
-    )
-    if refused:
-        raise bad_request(UNSUPPORTED[refused[0]], refused[0])
-    unknown = tuple(sorted(set(body) - allowed - set(UNSUPPORTED)))
-    for name in ("store", "parallel_tool_calls"):
-        if name in body and body[name] is not None and not isinstance(body[name], bool):
-            raise bad_request(f"'{name}' must be a boolean.", name)
-    return unknown
+def _refuse_unsupported(req: CompletionRequest | ChatCompletionRequest) -> None:
+    """A 400 for a field the APIs define and this engine refuses (``UNSUPPORTED``), unless
+    it is sent empty or false."""
+    for name in sorted(UNSUPPORTED):
+        if getattr(req, name) not in (None, False, "", []):
+            raise bad_request(UNSUPPORTED[name], name)
 
 
 def _prompt_list(prompt: Any) -> list[str | list[int]]:

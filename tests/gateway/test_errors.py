@@ -151,6 +151,29 @@ def test_the_engines_refusals_pass_through_and_are_recorded(setup: Setup) -> Non
     assert record.ttft_ms is None and not record.ttft_met and not record.tbt_met
 
 
+TOO_HOT = "'temperature' must be less than or equal to 2, got 5."
+
+
+def test_a_field_of_the_wrong_type_is_refused_by_the_gateway_as_the_engine_would(
+    setup: Setup,
+) -> None:
+    for body, param, message in (
+        ({**CHAT, "temperature": 5}, "temperature", TOO_HOT),
+        ({**CHAT, "n": True}, "n", "'n' must be a valid integer, got True."),
+        ({**CHAT, "stop": [1]}, "stop", "'stop' must be a string or a list of strings."),
+    ):  # fmt: skip
+        r = setup.chat(body)
+        assert r.status == 400 and r.error["param"] == param and r.error["message"] == message
+        # The engine's own answer to the same body is the same.
+        direct = call(
+            "POST",
+            setup.world.engine.url + "/v1/chat/completions",
+            body,
+            headers=bearer(ENGINE_TOKEN),
+        )
+        assert direct.status == 400 and direct.error["message"] == message
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_the_engines_ignored_fields_warning_reaches_the_client(setup: Setup, stream: bool) -> None:
     r = setup.chat({**CHAT, "temprature": 0.5, "stream": stream})
