@@ -1,8 +1,10 @@
 """Request bodies of ``/v1/completions`` and ``/v1/chat/completions``, checked and turned
 into what the engine runs.
 
-Pure parsing, no torch: every mistake in a known field becomes a 400 ``ApiError`` naming
-the parameter. Unknown fields are ignored and named in the answer's headers
+Pure parsing, no torch. A body is first read through its typed model (``requests``:
+types and bounds, a 400 naming the field); what is checked here needs the model (the
+context, the vocabulary, the chat template) or several fields at once. Unknown fields
+are ignored and named in the answer's headers
 (``headers.ignored_headers``), as vLLM ignores them; OpenAI and vLLM parameters the
 engine does not implement are refused with a 400 saying so (``UNSUPPORTED``); ``store``
 is taken and changes nothing; ``response_format``, ``tools`` and ``tool_choice`` are
