@@ -95,6 +95,9 @@ class ServerMetrics:
         # Scheduler state and cache.
         self.running = gauge("vllm:num_requests_running", "Requests in model execution batches.")
         self.waiting = gauge("vllm:num_requests_waiting", "Requests waiting to be processed.")
+        # vLLM's V0 name for requests whose KV went to host memory: ours are the rotary
+        # ones (production-stack's dashboard still reads it).
+        self.swapped = gauge("vllm:num_requests_swapped", "Requests swapped to host memory.")
         self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent.")
         self.gpu_cache_usage = gauge(
             "vllm:gpu_cache_usage_perc",
@@ -229,6 +232,7 @@ class ServerMetrics:
         """A model's requests by state and its KV usage after a step."""
         self.running.labels(model).set(running)
         self.waiting.labels(model).set(waiting)
+        self.swapped.labels(model).set(rotary)
         self.rotary.labels(model).set(rotary)
         self.kv_usage.labels(model).set(kv)
         self.gpu_cache_usage.labels(model).set(kv)
@@ -310,6 +314,7 @@ class ServerMetrics:
         gauges = (
             self.running,
             self.waiting,
+            self.swapped,
             self.kv_usage,
             self.gpu_cache_usage,
             self.rotary,
