@@ -243,7 +243,11 @@ def test_requests_the_engines_failed_before_accepting_them_do_not_count_per_minu
     tag = tenant.pk
     failed = [completion("ghost", f"ghost-{i}-{tag}") for i in range(3)]
     failed.append(completion("qwen", f"token-{tag}"))  # the engine refuses the gateway
-    failed.append(completion("llama", f"refused-{tag}", temperature="hot"))  # and the body
+    # ... and the body: a prompt and max_tokens beyond the model's context.
+    failed.append(completion("llama", f"refused-{tag}", max_tokens=10**6))
     assert failed == [503, 503, 503, 503, 400]
+    # A field of the wrong type: the gateway refuses it itself, before admission.
+    body = {"model": "llama", "prompt": "Hello", "temperature": "hot"}
+    assert call("POST", url, body, headers=bearer(secret)).status == 400
     served = [completion("llama", f"served-{i}-{tag}") for i in range(4)]
     assert served == [200, 200, 200, 429]
