@@ -61,6 +61,22 @@ def _tiny(model_type: str, **fields: Any) -> dict[str, Any]:
     )
 
 
+def _qwen3(model_type: str, **fields: Any) -> dict[str, Any]:
+    """A published Qwen3 config (dense or MoE): the fields every size shares, from the
+    Qwen/Qwen3-* config.json files, then ``fields``."""
+    return _config(
+        model_type,
+        vocab_size=151936,
+        head_dim=128,
+        max_position_embeddings=40960,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        use_sliding_window=False,
+        attention_bias=False,
+        **fields,
+    )
+
+
 def _opt(**fields: Any) -> dict[str, Any]:
     return {
         "architectures": ["OPTForCausalLM"],
@@ -235,41 +251,26 @@ PUBLISHED: dict[str, dict[str, Any]] = {
         use_sliding_window=False,
     ),
     # Qwen/Qwen3-8B: 8.2B parameters.
-    "qwen3-8b": _config(
+    "qwen3-8b": _qwen3(
         "qwen3",
-        vocab_size=151936,
         hidden_size=4096,
         intermediate_size=12288,
         num_hidden_layers=36,
         num_attention_heads=32,
         num_key_value_heads=8,
-        head_dim=128,
-        max_position_embeddings=40960,
-        rms_norm_eps=1e-6,
-        rope_theta=1000000.0,
-        use_sliding_window=False,
-        attention_bias=False,
     ),
     # Qwen/Qwen3-32B: 32.8B parameters.
-    "qwen3-32b": _config(
+    "qwen3-32b": _qwen3(
         "qwen3",
-        vocab_size=151936,
         hidden_size=5120,
         intermediate_size=25600,
         num_hidden_layers=64,
         num_attention_heads=64,
         num_key_value_heads=8,
-        head_dim=128,
-        max_position_embeddings=40960,
-        rms_norm_eps=1e-6,
-        rope_theta=1000000.0,
-        use_sliding_window=False,
-        attention_bias=False,
     ),
     # Qwen/Qwen3-30B-A3B: 30.5B parameters, 3.3B active per token.
-    "qwen3-30b-a3b": _config(
+    "qwen3-30b-a3b": _qwen3(
         "qwen3_moe",
-        vocab_size=151936,
         hidden_size=2048,
         intermediate_size=6144,
         moe_intermediate_size=768,
@@ -281,12 +282,6 @@ PUBLISHED: dict[str, dict[str, Any]] = {
         num_hidden_layers=48,
         num_attention_heads=32,
         num_key_value_heads=4,
-        head_dim=128,
-        max_position_embeddings=40960,
-        rms_norm_eps=1e-6,
-        rope_theta=1000000.0,
-        use_sliding_window=False,
-        attention_bias=False,
     ),
     # facebook/opt-6.7b: 6.7B parameters; a two-matrix ReLU MLP, tied output head.
     "opt-6.7b": _opt(hidden_size=4096, ffn_dim=16384, num_hidden_layers=32, num_attention_heads=32),

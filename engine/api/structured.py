@@ -84,10 +84,10 @@ def structure(body: dict[str, Any], *, chat: bool) -> Structure:
         raise bad_request("'tools' are only for /v1/chat/completions.", "tools")
     form = _response_format(body.get("response_format"))
     if choice == "none" or not tools:
-        if isinstance(choice, dict) or choice in ("required",):
-            raise bad_request(f"'tool_choice' {choice!r} needs 'tools'.", "tool_choice")
         if choice not in ("none", "auto"):
-            raise bad_request(_CHOICE_ERROR, "tool_choice")
+            needs = isinstance(choice, dict) or choice == "required"
+            message = f"'tool_choice' {choice!r} needs 'tools'." if needs else _CHOICE_ERROR
+            raise bad_request(message, "tool_choice")
         return Structure(grammar=form)
     if form is not None:
         raise bad_request(

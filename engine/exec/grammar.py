@@ -19,7 +19,7 @@ import torch
 
 
 class GrammarTokenizers:
-    """Each model's llguidance tokenizer, built on first use."""
+    """Each model's llguidance tokenizer, built once (``TorchExecutor.add_model``)."""
 
     def __init__(self) -> None:
         self._by_model: dict[str, llguidance.LLTokenizer] = {}
@@ -52,8 +52,9 @@ def new_matcher(tokenizer: llguidance.LLTokenizer, grammar: str) -> llguidance.L
 def mask_logits(
     logits: torch.Tensor, rows: Sequence[tuple[int, llguidance.LLMatcher]]
 ) -> torch.Tensor:
-    """``logits`` (float, ``[num_rows, vocab]``) with each listed row limited to the
-    tokens its matcher allows next; the other rows unchanged."""
+    """``logits`` (``[num_rows, vocab]``; float32 when any row is limited) with each
+    listed row limited to the tokens its matcher allows next; the other rows unchanged.
+    Without rows, ``logits`` itself: no copy on a step without constrained requests."""
     if not rows:
         return logits
     vocab = logits.shape[-1]
@@ -66,7 +67,7 @@ def mask_logits(
     bits = ((bitmask.unsqueeze(-1) >> shifts) & 1).reshape(len(rows), words * 32)[:, :vocab]
     index = torch.tensor([row for row, _ in rows], device=logits.device)
     allowed = bits.to(logits.device).bool()
-    logits = logits.clone()
+    logits = logits.to(torch.float32, copy=True)
     logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
     return logits
 

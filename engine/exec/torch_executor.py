@@ -220,7 +220,7 @@ class TorchExecutor(Executor):
         constrained = [(row, s.matcher) for row, s in enumerate(sampling) if s.matcher is not None]
         tokens = sample(
             mask_logits(
-                apply_penalties(logits, params, outputs, [s.prompt for s in sampling]).float(),
+                apply_penalties(logits, params, outputs, [s.prompt for s in sampling]),
                 constrained,
             ),
             params,

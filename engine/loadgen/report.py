@@ -18,13 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from shunter.engine.loadgen.client import RequestResult
-from shunter.engine.loadgen.vllm_result import (
-    METRICS,
-    metric_values,
-    peak_concurrency,
-    peak_output_rate,
-    std_s,
-)
+from shunter.engine.loadgen.vllm_result import peak_concurrency, peak_output_rate
 from shunter.engine.sim.metrics import Percentiles, e2e, percentile, summarize, tpot, ttft
 
 
@@ -124,6 +118,7 @@ def _latency(name: str, p: Percentiles) -> dict[str, float | None]:
         f"median_{name}_ms": _ms(p.p50),
         f"p90_{name}_ms": _ms(p.p90),
         f"p99_{name}_ms": _ms(p.p99),
+        f"std_{name}_ms": _ms(p.std),
     }
 
 
@@ -149,7 +144,6 @@ def build_report(
         duration_s=duration_s,
     )
     ok = [r for r in results if r.success]
-    values = metric_values(results)
     input_tokens = sum(r.input_tokens for r in ok)
     sent = sorted(t for r in results if (t := r.t_sent) is not None)
     lags = [lag for r in results if (lag := r.send_lag) is not None]
@@ -171,7 +165,6 @@ def build_report(
         **_latency("tpot", summary.tpot_s),
         **_latency("itl", summary.itl_s),
         **_latency("e2el", summary.e2e_s),
-        **{f"std_{m}_ms": _ms(std_s(values[m])) if values[m] else None for m in METRICS},
         max_output_tokens_per_s=peak_output_rate(results),
         max_concurrent_requests=peak_concurrency(results),
         ttft_slo_ms=slo.ttft_s * 1000.0,

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shunter.engine.loadgen.client import RequestResult
-from shunter.engine.sim.metrics import e2e, itls, percentile, tpot, ttft
+from shunter.engine.sim.metrics import e2e, itls, percentile, std, tpot, ttft
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
 DEFAULT_PERCENTILE_METRICS = ("ttft", "tpot", "itl")
@@ -104,19 +104,11 @@ def statistics(
     out = {
         f"mean_{name}_ms": math.fsum(values_s) / len(values_s) * 1000.0,
         f"median_{name}_ms": _at(values_s, 50.0) * 1000.0,
-        f"std_{name}_ms": std_s(values_s) * 1000.0,
+        f"std_{name}_ms": (std(values_s) or 0.0) * 1000.0,
     }
     for q in percentiles:
         out[f"p{percentile_word(q)}_{name}_ms"] = _at(values_s, q) * 1000.0
     return out
-
-
-def std_s(values: Sequence[float]) -> float:
-    """The population standard deviation (numpy's ``std``); 0 for no values."""
-    if not values:
-        return 0.0
-    mean = math.fsum(values) / len(values)
-    return math.sqrt(math.fsum((v - mean) ** 2 for v in values) / len(values))
 
 
 def percentile_word(q: float) -> str:

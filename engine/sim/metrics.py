@@ -109,19 +109,35 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
+def std(values: Sequence[float]) -> float | None:
+    """The population standard deviation (numpy's ``std``); None for no values."""
+    if not values:
+        return None
+    mean = math.fsum(values) / len(values)
+    return math.sqrt(math.fsum((v - mean) ** 2 for v in values) / len(values))
+
+
 @dataclass(frozen=True)
 class Percentiles:
-    """P50, P90, P99 and the mean of some values; all None for no values."""
+    """P50, P90, P99, the mean and the standard deviation of some values; all None for no
+    values."""
 
     p50: float | None
     p90: float | None
     p99: float | None
     mean: float | None
+    std: float | None = None
 
     @classmethod
     def of(cls, values: Sequence[float]) -> Percentiles:
         mean = math.fsum(values) / len(values) if values else None
-        return cls(percentile(values, 50), percentile(values, 90), percentile(values, 99), mean)
+        return cls(
+            percentile(values, 50),
+            percentile(values, 90),
+            percentile(values, 99),
+            mean,
+            std(values),
+        )
 
 
 @dataclass(frozen=True)
