@@ -30,7 +30,11 @@ def register(
     from shunter.engine.checkpoint.cli import add_model_parser
     from shunter.engine.generate.cli import add_generate_parser
     from shunter.engine.loadgen.cli import add_bench_parsers as add_loadgen_parsers
-    from shunter.engine.server.cli import add_bench_server_parser, add_engine_parser
+    from shunter.engine.server.cli import (
+        add_bench_prefix_parser,
+        add_bench_server_parser,
+        add_engine_parser,
+    )
     from shunter.engine.sim.cli import add_bench_simulator_parser, add_simulate_parser
     from shunter.kernels.cli import add_bench_kernels_parser
 
@@ -47,6 +51,7 @@ def register(
     add_bench_executor_parser(benches)
     add_bench_remap_exec_parser(benches)
     add_bench_server_parser(benches)
+    add_bench_prefix_parser(benches)
     _add_bench_isolation_parser(benches)
     for add_bench_parser in more_benches:
         add_bench_parser(benches)

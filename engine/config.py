@@ -326,7 +326,10 @@ class EngineConfig:
     A KV block holds ``block_tokens`` tokens of all layers (block-first layout).
     ``tenants`` gives models their sharing mode, SLO class, priority and KV bounds; a
     model without one is spatial, priority 0, unbounded. ``check_integrity`` runs the
-    memory integrity check after every step (tests, debug).
+    memory integrity check after every step (tests, debug). ``prefix_caching`` shares
+    the full blocks of prompts' common prefixes between requests of a model
+    (``memory/prefix.py``); it needs requests' token ids, so it only acts where they
+    are known.
     """
 
     models: tuple[ModelSpec, ...]
@@ -339,6 +342,7 @@ class EngineConfig:
     tenants: tuple[TenantSpec, ...] = ()
     remap: RemapConfig = RemapConfig()
     check_integrity: bool = False
+    prefix_caching: bool = False
 
     def __post_init__(self) -> None:
         if not self.models:

@@ -44,7 +44,8 @@ class Request:
     ``t_run`` is when it last started running (for a request swapped back in: the
     step it rejoins the batch), ``t_scheduled`` when it first did (its queue time
     ends), ``t_last`` when it emitted its last token (``None`` before the first),
-    ``token_times`` every emission time in order.
+    ``token_times`` every emission time in order. ``cache_salt`` keeps its prompt's
+    cached KV from requests that do not give the same salt (prefix caching).
     """
 
     id: str
@@ -54,6 +55,7 @@ class Request:
     slo: SloSpec
     t_arr: float
     prompt_token_ids: list[int] | None = None
+    cache_salt: str | None = None
     state: RequestState = RequestState.WAITING
     num_computed_tokens: int = 0
     num_output_tokens: int = 0

@@ -18,6 +18,9 @@ echo "== executor (CPU, small-llama): engine vs transformers tokens/s; KV rotati
 echo "== server (CPU, tiny-llama): TTFT and ITL through the HTTP server vs in-process, 1 and 32 streams"
 "${VENV:-.venv}/bin/shunter" bench server
 
+echo "== prefix caching (CPU, tiny-llama, 8k context): document-QA and multi-turn chat TTFT, cache on vs off"
+"${VENV:-.venv}/bin/shunter" bench prefix
+
 echo "== executor remapping (CPU, small-llama): decode step with layers streamed vs none"
 "${VENV:-.venv}/bin/shunter" bench remap-exec
 

@@ -87,6 +87,7 @@ class GenerationRequest:
     best_of: int | None = None  # sequences run per prompt (None: n); the n most likely return
     logprobs_shown: bool = False  # whether the answer shows logprobs (ranking forces them)
     structure: Structure = field(default_factory=Structure)  # ``structured``
+    cache_salt: str | None = None  # prefix caching shares KV only with the same salt
 
     @property
     def num_choices(self) -> int:
@@ -239,6 +240,7 @@ def _request(
         structure=shape,
         best_of=best_of,
         logprobs_shown=logprobs_shown,
+        cache_salt=req.cache_salt,
     )
 
 

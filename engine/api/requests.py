@@ -72,6 +72,7 @@ class _Request(BaseModel):
     store: bool | None = None
     parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None  # ``structured`` reads it
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)  # vLLM's
     # Defined by the APIs and refused by this engine (``protocol.UNSUPPORTED``).
     echo: Any = None
     suffix: Any = None

@@ -285,9 +285,11 @@ class TorchEngine:
         *,
         slo: SloSpec = DEFAULT_SLO,
         t_arr: float | None = None,
+        cache_salt: str | None = None,
     ) -> str:
         """Queue a request that arrived at ``t_arr`` on the core's clock (default now);
-        returns its id."""
+        returns its id. With prefix caching, its prompt shares KV only with requests of
+        the same ``cache_salt``."""
         request = Request(
             id=f"req-{next(self._ids)}",
             model=model,
@@ -296,6 +298,7 @@ class TorchEngine:
             slo=slo,
             t_arr=self.core.clock.now() if t_arr is None else t_arr,
             prompt_token_ids=list(prompt_ids),
+            cache_salt=cache_salt,
         )
         self.core.add_request(request)
         self.executor.add_request(request.id, model, params, prompt_ids)

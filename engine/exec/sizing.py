@@ -84,6 +84,7 @@ def serving_config(
     force_rotation: bool = False,
     remap: bool = False,
     check_integrity: bool = False,
+    prefix_caching: bool = False,
 ) -> EngineConfig:
     """The engine configuration for serving ``needs`` concurrently.
 
@@ -115,6 +116,7 @@ def serving_config(
             block_tokens=BLOCK_TOKENS,
             rotation=FORCED_ROTATION if force_rotation else RotationConfig(),
             check_integrity=check_integrity,
+            prefix_caching=prefix_caching,
         )
 
     def with_remap(c: EngineConfig) -> EngineConfig:

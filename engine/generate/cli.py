@@ -109,6 +109,12 @@ def add_generate_parser(sub: argparse._SubParsersAction[Any]) -> None:
         "the turn) lend their layers",
     )
     p.add_argument(
+        "--enable-prefix-caching",
+        action="store_true",
+        help="share the KV of prompts' common prefixes between requests (the summary "
+        "counts prompt tokens looked up and found)",
+    )
+    p.add_argument(
         "--json",
         action="store_true",
         help="print JSON lines: one object per request in input order, then a summary",

@@ -49,6 +49,7 @@ class GenerateOptions:
     force_remap: int | None = None
     force_remap_inactive: bool = False
     check_integrity: bool = False
+    prefix_caching: bool = False
 
 
 @dataclass
@@ -77,6 +78,7 @@ def run_generate(requests: Sequence[GenerateRequest], options: GenerateOptions) 
         force_rotation=options.force_rotation,
         remap=options.remap or options.force_remap is not None,
         check_integrity=options.check_integrity,
+        prefix_caching=options.prefix_caching,
     )
     engine = TorchEngine(
         options.models,
@@ -114,6 +116,8 @@ def run_generate(requests: Sequence[GenerateRequest], options: GenerateOptions) 
         "layers_streamed": totals.layers_streamed,
         "layers_restored": totals.layers_restored,
         "steps": totals.steps,
+        "prefix_cache_queries": sum(engine.core.memory.prefix_stats.queries.values()),
+        "prefix_cache_hits": sum(engine.core.memory.prefix_stats.hits.values()),
     }
     return GenerateResult(outputs, summary, _remap_warnings(specs, options.force_remap))
 
@@ -237,5 +241,6 @@ def generate_from_args(ns: argparse.Namespace, *, check_integrity: bool = False)
         force_remap=ns.force_remap,
         force_remap_inactive=ns.force_remap_inactive,
         check_integrity=check_integrity,
+        prefix_caching=ns.enable_prefix_caching,
     )
     return run_generate(requests, options)

@@ -150,7 +150,18 @@ async def stream_token_times(
     /v1/completions and return each token's arrival time (``time.perf_counter``), taken
     when the SSE chunk that carries its id arrives. A status other than 200 raises
     RuntimeError."""
+    return (await stream_tokens(session, url, body, headers))[1]
+
+
+async def stream_tokens(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: Mapping[str, Any],
+    headers: Mapping[str, str] | None = None,
+) -> tuple[list[int], list[float]]:
+    """``stream_token_times``, with the token ids too."""
     body = {**body, "stream": True, "return_token_ids": True}
+    ids: list[int] = []
     times: list[float] = []
     async with session.post(url + "/v1/completions", json=body, headers=headers) as r:
         if r.status != 200:
@@ -159,8 +170,9 @@ async def stream_token_times(
             if line.startswith(b"data: {"):
                 now = time.perf_counter()
                 choice = json.loads(line[6:])["choices"][0]
+                ids += choice["token_ids"]
                 times += [now] * len(choice["token_ids"])
-    return times
+    return ids, times
 
 
 def quantile_ms(values: list[float], q: float) -> str:

@@ -11,6 +11,7 @@ and ``end_step``; ``complete`` applies what the transfer engine reports done.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Sequence
 
 from shunter.engine.config import EngineConfig, ModelSpec
@@ -20,6 +21,7 @@ from shunter.engine.memory.host import HostSwap
 from shunter.engine.memory.inflight import InFlight
 from shunter.engine.memory.integrity import check_table
 from shunter.engine.memory.pool import BlockPool
+from shunter.engine.memory.prefix import PrefixStats, block_hashes, chain_start
 from shunter.engine.memory.relocation import Relocation
 from shunter.engine.memory.table import BlockTable
 from shunter.engine.memory.weights import (
@@ -50,7 +52,9 @@ class KVMemory(Relocation):
     (these moves of capacity are ``Relocation``'s).
 
     Verbs (each ``can_x`` answers whether ``x`` succeeds now):
-      - ``allocate``: a WAITING request gets device blocks for all its tokens.
+      - ``allocate``: a WAITING request gets device blocks for all its tokens; with
+        prefix caching the leading ones are the published blocks of its prompt's
+        prefix, whose tokens then count as computed.
       - ``append``: a RUNNING request gets blocks for ``n`` more computed tokens.
       - ``swap_out``: RUNNING -> ROTARY. Copies to host only blocks without a valid
         (or landing) host copy; frees device blocks at once where a host copy exists,
@@ -86,6 +90,8 @@ class KVMemory(Relocation):
         self._inflight = InFlight()
         self._plan: StepPlan | None = None
         self._moved_into: dict[str, dict[int, int]] = {}
+        self.prefix_caching = config.prefix_caching
+        self.prefix_stats = PrefixStats.empty()
 
     # -- counts for the scheduler --------------------------------------------------------
     def num_blocks(self, num_tokens: int) -> int:
@@ -218,12 +224,36 @@ class KVMemory(Relocation):
         return self._pools[request.model].can_allocate(self.num_blocks(request.num_tokens))
 
     def allocate(self, request: Request) -> None:
+        """Device blocks for all the request's tokens. With prefix caching, the blocks
+        of its prompt's longest published prefix are shared, not allocated, and their
+        tokens become computed (``request.num_computed_tokens``); the prompt's last
+        token is always computed, for its logits."""
         if request.id in self._tables:
             raise ValueError(f"request {request.id!r} already has a block table")
-        devices = self._pools[request.model].allocate(self.num_blocks(request.num_tokens))
-        table = BlockTable(request.id, request.model, devices)
+        pool, need = self._pools[request.model], self.num_blocks(request.num_tokens)
+        hashes, hits = self._prompt_hits(request, pool)
+        table = BlockTable(request.id, request.model, hits + pool.allocate(need - len(hits)))
+        table.hashes, table.num_published = hashes, len(hits)
+        if hits:
+            request.num_computed_tokens = len(hits) * self.block_tokens
         table.num_computed = request.num_computed_tokens
         self._tables[request.id] = table
+
+    def _prompt_hits(self, request: Request, pool: BlockPool) -> tuple[list[bytes], list[int]]:
+        """The hashes of the prompt's full blocks and the published blocks of its
+        longest cached prefix (now shared with it); nothing without prefix caching or
+        token ids, or for a request that has computed tokens already."""
+        prompt = request.prompt_token_ids
+        if not self.prefix_caching or prompt is None or request.num_computed_tokens:
+            return [], []
+        start = chain_start(request.model, request.cache_salt)
+        hashes = block_hashes(prompt, self.block_tokens, start)
+        hits = pool.lookup(hashes[: (request.prompt_tokens - 1) // self.block_tokens])
+        pool.share(hits)
+        self.prefix_stats.record(
+            request.model, request.prompt_tokens, len(hits) * self.block_tokens
+        )
+        return hashes, hits
 
     def can_append(self, request: Request, num_new_tokens: int) -> bool:
         """Whether blocks for ``num_new_tokens`` more computed tokens are held or free."""
@@ -366,8 +396,31 @@ class KVMemory(Relocation):
             table.num_host_copied = first
             table.num_host_valid = min(table.num_host_valid, first)
         table.num_computed = request.num_computed_tokens
-        if table.num_computed // self.block_tokens > table.num_host_copied:
+        full = table.num_computed // self.block_tokens
+        if full > table.num_host_copied:
             self._unrotated[request.id] = table
+        if full > table.num_published and self.prefix_caching:
+            self._publish(request, table, full)
+
+    def _publish(self, request: Request, table: BlockTable, full: int) -> None:
+        """Offer the table's blocks up to ``full`` (now full) to the prefix cache."""
+        hashes, bt = table.hashes, self.block_tokens
+        if request.prompt_token_ids is None:
+            return
+        # Output blocks need the tokens sampled into them (a driver that samples no ids
+        # publishes its prompts only).
+        full = min(full, (request.prompt_tokens + len(request.output_token_ids)) // bt)
+        if full <= table.num_published:
+            return
+        if len(hashes) < full:
+            parent = hashes[-1] if hashes else chain_start(request.model, request.cache_salt)
+            known = len(hashes)
+            tokens = request.token_ids(known * bt, full * bt)
+            hashes += block_hashes(tokens, bt, parent)
+        pool = self._pools[table.model]
+        for i in range(table.num_published, full):
+            pool.publish(table.devices[i], hashes[i])
+        table.num_published = full
 
     def rotate(self) -> int:
         """Eager rotation: copy SYNCED blocks of running requests to host ahead of need.
@@ -421,8 +474,11 @@ class KVMemory(Relocation):
             tables = [t for t in self._tables.values() if t.model == model]
             devices = [d for t in tables for d in t.devices] + deferred_devices.get(model, [])
             hosts = [h for t in tables for h in t.hosts] + deferred_hosts.get(model, [])
-            if len(set(devices)) != len(devices) or len(set(hosts)) != len(hosts):
-                raise AssertionError(f"{model}: a block is owned twice")
+            if len(set(hosts)) != len(hosts):
+                raise AssertionError(f"{model}: a host block is owned twice")
+            for d, n in Counter(devices).items():
+                if n != pool.num_holders(d):
+                    raise AssertionError(f"{model}: block {d} has {n} holders, counted otherwise")
             pool.check_integrity(set(devices))
             self.host.check_integrity(model, set(hosts))
 

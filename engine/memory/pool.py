@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from itertools import filterfalse
 
 from shunter.engine.memory.arena import Arena, PageOwner
+from shunter.engine.memory.prefix import BlockHash
 
 
 class BlockPool:
@@ -29,6 +30,15 @@ class BlockPool:
     A *draining* chunk is on its way back to the arena: its free blocks are never
     allocated, blocks freed in it stay out of the free list, and it can be released once
     none of its blocks is used.
+
+    Prefix caching (``publish``, ``lookup``, ``share``): a full block may be published
+    under the hash of its KV (``memory/prefix.py``). Another request with that prefix
+    shares it (a block has as many holders as tables hold it) and ``free`` drops one
+    holder. A published block whose last holder frees it stays *cached*: free, and
+    counted free everywhere (any model or remapping may take its memory), but at the
+    bottom of the stack, so blocks never published go first and cached ones are evicted
+    least recently freed first. Allocating, draining or giving back a cached block
+    forgets its hash.
     """
 
     def __init__(self, arena: Arena, model: str, block_bytes: int) -> None:
@@ -50,6 +60,11 @@ class BlockPool:
         self._free: list[int] = []  # stack of free block ids in held, undrained chunks
         self._chunks: set[int] = set()  # held chunks
         self._draining: dict[int, list[int]] = {}  # draining chunk -> its free blocks
+        # Prefix caching (empty unless the engine publishes blocks):
+        self._block_of: dict[BlockHash, int] = {}  # hash -> the block holding that KV
+        self._hash_of: dict[int, BlockHash] = {}  # published block -> its hash
+        self._extra_holders: dict[int, int] = {}  # shared block -> holders beyond one
+        self._cached: set[int] = set()  # published blocks that are free (in ``_free``)
 
     # -- counts ---------------------------------------------------------------------
     @property
@@ -149,7 +164,9 @@ class BlockPool:
 
     def allocate(self, n: int) -> list[int]:
         """``n`` free blocks. Raises MemoryError if there are fewer."""
-        if len(self._free) < n:
+        if self._cached:
+            self._claim_before_evicting(n)
+        elif len(self._free) < n:
             self.claim(-(-(n - len(self._free)) // self.blocks_per_chunk))
         if n <= 0:
             return []
@@ -157,9 +174,15 @@ class BlockPool:
         blocks = free[-n:]
         del free[-n:]
         blocks.reverse()
+        if self._cached:
+            self._evict(blocks)
         return blocks
 
     def free(self, blocks: list[int]) -> None:
+        """Drop one holder of each of ``blocks``; those left without one become free."""
+        if self._hash_of or self._extra_holders:
+            self._free_published(blocks)
+            return
         if not self._draining:
             self._free.extend(blocks)
             return
@@ -168,20 +191,129 @@ class BlockPool:
             drained = self._draining.get(b // bpc)
             (self._free if drained is None else drained).append(b)
 
+    def _free_published(self, blocks: list[int]) -> None:
+        """``free`` while some blocks are published or shared."""
+        extra, hash_of, draining = self._extra_holders, self._hash_of, self._draining
+        bpc = self.blocks_per_chunk
+        cached: list[int] = []
+        for b in blocks:
+            n = extra.get(b)
+            if n is not None:  # another table still holds it
+                if n == 1:
+                    del extra[b]
+                else:
+                    extra[b] = n - 1
+                continue
+            drained = draining.get(b // bpc) if draining else None
+            if drained is not None:
+                self._forget(b)
+                drained.append(b)
+            elif b in hash_of:
+                cached.append(b)
+            else:
+                self._free.append(b)
+        if cached:  # under every free block, a request's head blocks deepest
+            self._free[:0] = cached
+            self._cached.update(cached)
+
+    # -- prefix caching ---------------------------------------------------------------
+    @property
+    def num_cached(self) -> int:
+        """Free blocks that still hold a published block's KV."""
+        return len(self._cached)
+
+    def num_holders(self, block: int) -> int:
+        """Tables holding a used block (1 unless it is shared)."""
+        return 1 + self._extra_holders.get(block, 0)
+
+    def publish(self, block: int, block_hash: BlockHash) -> None:
+        """A used block now holds the full block of KV ``block_hash`` names; later
+        requests with that prefix may share it. A hash already published keeps its
+        block (this one stays private)."""
+        if block_hash not in self._block_of and block not in self._hash_of:
+            self._block_of[block_hash] = block
+            self._hash_of[block] = block_hash
+
+    def lookup(self, hashes: list[BlockHash]) -> list[int]:
+        """The blocks holding the longest published prefix of ``hashes``, in order
+        (none in a draining chunk: those are leaving)."""
+        block_of, draining, bpc = self._block_of, self._draining, self.blocks_per_chunk
+        found: list[int] = []
+        for h in hashes:
+            b = block_of.get(h)
+            if b is None or (draining and b // bpc in draining):
+                break
+            found.append(b)
+        return found
+
+    def share(self, blocks: list[int]) -> None:
+        """One more holder of each of ``blocks`` (from ``lookup``): a cached one leaves
+        the free blocks, a used one is shared."""
+        cached = self._cached
+        taken = {b for b in blocks if b in cached}
+        if taken:
+            cached -= taken
+            self._free = [b for b in self._free if b not in taken]
+        extra = self._extra_holders
+        for b in blocks:
+            if b not in taken:
+                extra[b] = extra.get(b, 0) + 1
+
+    def moved(self, src: int, dst: int) -> None:
+        """A used block's KV and holders moved from ``src`` to ``dst`` (a relocation
+        move): its hash and holders follow it; ``src`` is freed as a private block."""
+        block_hash = self._hash_of.pop(src, None)
+        if block_hash is not None:
+            self._hash_of[dst] = block_hash
+            self._block_of[block_hash] = dst
+        extra = self._extra_holders.pop(src, None)
+        if extra is not None:
+            self._extra_holders[dst] = extra
+
+    def _forget(self, block: int) -> None:
+        block_hash = self._hash_of.pop(block, None)
+        if block_hash is not None:
+            del self._block_of[block_hash]
+        self._cached.discard(block)
+
+    def _evict(self, blocks: Iterable[int]) -> None:
+        """Forget the hashes of the cached blocks among ``blocks`` (they leave the free
+        blocks: allocated, drained or given back)."""
+        cached = self._cached
+        for b in blocks:
+            if b in cached:
+                self._forget(b)
+
     # -- chunks and the arena ---------------------------------------------------------
-    def claim(self, num_chunks: int) -> None:
+    def _claim_before_evicting(self, n: int) -> None:
+        """Claim the chunks ``n`` blocks need beyond the free ones not cached, as far as
+        the arena allows, on top of the cached blocks: the rest come from evicting."""
+        short = n - (len(self._free) - len(self._cached))
+        if short <= 0:
+            return
+        num_chunks = min(-(-short // self.blocks_per_chunk), self.num_claimable)
+        if len(self._free) + num_chunks * self.blocks_per_chunk < n:
+            raise MemoryError(f"model {self.model!r}: too few free blocks")
+        if num_chunks:
+            self.claim(num_chunks, on_top=True)
+
+    def claim(self, num_chunks: int, *, on_top: bool = False) -> None:
         """Make the lowest ``num_chunks`` fully free chunks of the arena KV slabs of this
-        model."""
+        model; their blocks go under those already free (``on_top``: above them)."""
         if num_chunks > self.num_claimable:
             raise MemoryError(f"model {self.model!r}: too few free blocks")
         chunks = self.arena.claim_chunks(self.pages_per_chunk, num_chunks, self.owner)
         self._chunks.update(chunks)
-        # Under the blocks already free, lowest id on top: those go first.
+        # Lowest id on top: those go first.
         chunks.reverse()
         if self.blocks_per_chunk == 1:
-            self._free[:0] = chunks
+            blocks = chunks
         else:
-            self._free[:0] = [b for c in chunks for b in reversed(self.chunk_blocks(c))]
+            blocks = [b for c in chunks for b in reversed(self.chunk_blocks(c))]
+        if on_top:
+            self._free += blocks
+        else:
+            self._free[:0] = blocks
 
     def release(self, chunk: int) -> None:
         """Return a held chunk whose blocks are all free to the arena."""
@@ -214,6 +346,8 @@ class BlockPool:
             gone.difference_update([c for c in chunks if draining.pop(c, None) is not None])
         if gone:
             bpc = self.blocks_per_chunk
+            if self._cached:
+                self._evict(b for b in self._free if b // bpc in gone)
             if bpc == 1:  # block ids are chunk ids: the filter runs in C
                 self._free = list(filterfalse(gone.__contains__, self._free))
             else:
@@ -226,8 +360,10 @@ class BlockPool:
         if chunk not in self._chunks:
             raise ValueError(f"chunk {chunk} is not held by {self.model!r}")
         bpc = self.blocks_per_chunk
-        self._draining[chunk] = [b for b in self._free if b // bpc == chunk]
+        self._draining[chunk] = drained = [b for b in self._free if b // bpc == chunk]
         self._free = [b for b in self._free if b // bpc != chunk]
+        if self._cached:
+            self._evict(drained)
 
     def undrain(self, chunk: int) -> None:
         """Allocate from a draining chunk again."""
@@ -249,7 +385,20 @@ class BlockPool:
         bpc = self.blocks_per_chunk
         if any(b // bpc in self._draining for b in self._free):
             raise AssertionError(f"{self.model}: a draining chunk's block is allocatable")
+        self._check_published(set(self._free), used)
         for c in self._chunks:
             for p in self.chunk_pages(c):
                 if self.arena.owner(p) != self.owner:
                     raise AssertionError(f"{self.model}: page {p} of a held chunk is not KV")
+
+    def _check_published(self, free: set[int], used: set[int]) -> None:
+        """Hashes name blocks one to one; the cached blocks are the free published ones;
+        only used blocks are shared."""
+        if {b: h for h, b in self._block_of.items()} != self._hash_of:
+            raise AssertionError(f"{self.model}: published hashes and blocks disagree")
+        if self._cached != free & self._hash_of.keys():
+            raise AssertionError(f"{self.model}: cached blocks are not the free published ones")
+        if not self._hash_of.keys() <= free | used:
+            raise AssertionError(f"{self.model}: a published block is drained")
+        if not self._extra_holders.keys() <= used:
+            raise AssertionError(f"{self.model}: a shared block is not used")

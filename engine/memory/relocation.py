@@ -147,25 +147,31 @@ class Relocation:
             return 0
         model, plan, bpc = pool.model, self._current(), pool.blocks_per_chunk
         wanted = set(chunks)
-        owners: dict[int, list[tuple[BlockTable, int]]] = {c: [] for c in chunks}
+        # chunk -> block -> the (table, index) places holding it (several when shared)
+        owners: dict[int, dict[int, list[tuple[BlockTable, int]]]] = {c: {} for c in chunks}
         for t in self._tables.values():
             if t.model == model:
                 for i, d in enumerate(t.devices):
                     if d // bpc in wanted:
-                        owners[d // bpc].append((t, i))
+                        owners[d // bpc].setdefault(d, []).append((t, i))
         used = pool.num_used_per_chunk()
         # Moves planned this step may add to each other, but a block moved here this step
         # does not move again (one batch of moves reads every source before writing);
-        # no other copy may be in flight.
+        # no other copy may be in flight. A shared block moves only when every holder
+        # is a table here: one whose free awaits a copy would free its source again.
         moved_here = self._moved_into.setdefault(model, {})
         emptied = 0
         for chunk in chunks:
             blocks = owners[chunk]
             busy = any(
-                self._fence(t.d2h_step, t.h2d_step) is not None
-                or (t.move_step != plan.step and self._inflight.is_pending(t.move_step))
-                or t.devices[i] in moved_here
-                for t, i in blocks
+                d in moved_here
+                or pool.num_holders(d) != len(places)
+                or any(
+                    self._fence(t.d2h_step, t.h2d_step) is not None
+                    or (t.move_step != plan.step and self._inflight.is_pending(t.move_step))
+                    for t, _ in places
+                )
+                for d, places in blocks.items()
             )
             room = pool.num_free if claim else pool.num_held_free
             if busy or len(blocks) != used[chunk] or room < len(blocks):
@@ -176,12 +182,14 @@ class Relocation:
             moves = plan.moves.setdefault(model, [])
             self._inflight.touch(plan.step)
             dsts = pool.allocate(len(blocks))
-            for (table, i), dst in zip(blocks, dsts, strict=True):
-                moved_here[dst] = table.devices[i]
-                moves.append(BlockMove(table.devices[i], dst))
-                self._inflight.defer_device(plan.step, model, [table.devices[i]])
-                table.devices[i] = dst
-                table.move_step = plan.step
+            for (src, places), dst in zip(blocks.items(), dsts, strict=True):
+                moved_here[dst] = src
+                moves.append(BlockMove(src, dst))
+                pool.moved(src, dst)
+                self._inflight.defer_device(plan.step, model, [src])
+                for table, i in places:
+                    table.devices[i] = dst
+                    table.move_step = plan.step
         return emptied
 
     # -- internals -------------------------------------------------------------------------

@@ -36,18 +36,24 @@ class BlockTable:
     of the leading blocks that have one. The ``*_step`` fields name the last step whose
     D2H copies, H2D copies or device-to-device moves touched the table; until those
     steps complete, the blocks involved are neither freed nor reused.
+
+    With prefix caching, ``hashes`` holds the chained hash of each full block known so
+    far and the leading ``num_published`` device blocks have been offered to the cache
+    (``BlockPool.publish``); those may be shared with other tables.
     """
 
     __slots__ = (
         "d2h_step",
         "devices",
         "h2d_step",
+        "hashes",
         "hosts",
         "model",
         "move_step",
         "num_computed",
         "num_host_copied",
         "num_host_valid",
+        "num_published",
         "request_id",
     )
 
@@ -62,6 +68,8 @@ class BlockTable:
         self.d2h_step = NO_STEP
         self.h2d_step = NO_STEP
         self.move_step = NO_STEP
+        self.hashes: list[bytes] = []  # prefix caching: hash of each full block known
+        self.num_published = 0  # leading blocks offered to the prefix cache
 
     @property
     def on_device(self) -> bool:

@@ -12,6 +12,7 @@ from shunter.engine.cliargs import (  # argparse only
     add_bench_arguments,
     byte_count,
     comma_ints,
+    positive_int,
     print_report,
 )
 
@@ -101,6 +102,13 @@ def add_engine_parser(sub: argparse._SubParsersAction[Any]) -> None:
         "config's remap, else off)",
     )
     p.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="share the KV of prompts' common prefixes between requests of a model "
+        "(default: the config's prefix_caching, else on)",
+    )
+    p.add_argument(
         "--check-integrity",
         action="store_true",
         help="debug: run the memory integrity check after every step",
@@ -132,6 +140,7 @@ def cmd_engine(ns: argparse.Namespace) -> int:
                 ("kv_tokens", ns.kv_tokens),
                 ("grace_s", ns.grace),
                 ("remap", ns.remap),
+                ("prefix_caching", ns.enable_prefix_caching),
                 ("step_target_s", None if ns.step_target_ms is None else ns.step_target_ms / 1000),
             )
             if value is not None
@@ -269,4 +278,54 @@ def cmd_bench_server(ns: argparse.Namespace) -> int:
             threads=ns.threads,
             rounds=ns.rounds,
         )
+    )
+
+
+def add_bench_prefix_parser(benches: argparse._SubParsersAction[Any]) -> None:
+    """Add ``bench prefix``: TTFT and prefill work with prefix caching on and off."""
+    p = benches.add_parser(
+        "prefix",
+        help="CPU: document-QA and multi-turn chat TTFT with prefix caching on and off",
+        description="Write tiny-llama (random weights, a context of twice --doc-tokens) "
+        "to a temporary directory unless --model names one, then send a document-QA and "
+        "a multi-turn chat workload to two `shunter engine` processes, prefix caching on "
+        "and off. Prints TTFT p50/p90 and the prompt tokens each engine computed. Host "
+        "wall time on this machine.",
+    )
+    add_bench_arguments(p, preset="tiny-llama", max_tokens=16, threads=1)
+    for flag, default, meaning in (
+        ("--documents", 4, "documents"),
+        ("--questions", 4, "questions per document"),
+        ("--doc-tokens", 4096, "tokens per document"),
+        ("--question-tokens", 32, "tokens per question or chat message"),
+        ("--conversations", 4, "chat conversations"),
+        ("--turns", 4, "turns per conversation"),
+        ("--system-tokens", 1024, "tokens of the chat's shared system prompt"),
+        ("--concurrency", 2, "document-QA requests at a time"),
+    ):
+        p.add_argument(
+            flag, type=positive_int, default=default, help=f"{meaning} (default {default})"
+        )
+    p.add_argument("--json", type=Path, metavar="FILE", help="write the figure to FILE")
+    p.set_defaults(func=cmd_bench_prefix)
+
+
+def cmd_bench_prefix(ns: argparse.Namespace) -> int:
+    from shunter.engine.server.bench_prefix import bench_prefix
+
+    return print_report(
+        bench_prefix(
+            model_dir=ns.model,
+            documents=ns.documents,
+            questions=ns.questions,
+            doc_tokens=ns.doc_tokens,
+            question_tokens=ns.question_tokens,
+            conversations=ns.conversations,
+            turns=ns.turns,
+            system_tokens=ns.system_tokens,
+            max_tokens=ns.max_tokens,
+            concurrency=ns.concurrency,
+            threads=ns.threads,
+        ),
+        ns.json,
     )

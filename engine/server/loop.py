@@ -77,10 +77,12 @@ class Stream:
         loop: asyncio.AbstractEventLoop,
         t_arr: float,
         tenant: str = "",
+        cache_salt: str | None = None,
     ) -> None:
         self.index = index
         self.t_arr = t_arr
         self.tenant = tenant
+        self.cache_salt = cache_salt
         self.model = model
         self.prompt_ids = prompt_ids
         self.params = params
@@ -240,7 +242,12 @@ class EngineLoop:
             try:
                 kwargs = {} if stream.slo is None else {"slo": stream.slo}
                 request_id = self.engine.add_request(
-                    stream.model, stream.prompt_ids, stream.params, t_arr=stream.t_arr, **kwargs
+                    stream.model,
+                    stream.prompt_ids,
+                    stream.params,
+                    t_arr=stream.t_arr,
+                    cache_salt=stream.cache_salt,
+                    **kwargs,
                 )
             except ValueError as e:
                 stream.put(Delta([], "", ABORTED, str(e)))
@@ -337,7 +344,10 @@ class EngineLoop:
                     dtype=str(self.engine.executor.models[model].kv_cache.dtype).removeprefix(
                         "torch."
                     ),
+                    prefix_caching=memory.prefix_caching,
                 )
+        if memory.prefix_caching:
+            metrics.on_prefix_cache(memory.prefix_stats.queries, memory.prefix_stats.hits)
         for model, q in core.scheduler.queues.items():
             metrics.on_queues(
                 model,

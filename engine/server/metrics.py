@@ -114,6 +114,14 @@ class ServerMetrics:
         self.preemptions = counter("vllm:num_preemptions", "Preemptions from the engine.")
         self.prompt_tokens = counter("vllm:prompt_tokens", "Prefill tokens processed.")
         self.generation_tokens = counter("vllm:generation_tokens", "Generation tokens processed.")
+        self.prefix_queries = counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+        )
+        self.prefix_hits = counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
+        )
+        self._prefix_seen: dict[str, tuple[int, int]] = {}
         self.requests = Counter(
             "vllm:request_success",
             "Finished requests by finish reason.",
@@ -238,10 +246,24 @@ class ServerMetrics:
         self.gpu_cache_usage.labels(model).set(kv)
 
     def on_cache(
-        self, model: str, *, block_size: int, gpu_blocks: int, cpu_blocks: int, dtype: str
+        self,
+        model: str,
+        *,
+        block_size: int,
+        gpu_blocks: int,
+        cpu_blocks: int,
+        dtype: str,
+        prefix_caching: bool,
     ) -> None:
         """The model's KV cache as configured now (its info series is replaced)."""
-        labels = (model, str(block_size), str(gpu_blocks), str(cpu_blocks), dtype, "False")
+        labels = (
+            model,
+            str(block_size),
+            str(gpu_blocks),
+            str(cpu_blocks),
+            dtype,
+            str(prefix_caching),
+        )
         old = self._cache_labels.get(model)
         if old == labels:
             return
@@ -303,6 +325,17 @@ class ServerMetrics:
             self.prefill_token_time.labels(model).observe(prefill / request.prompt_tokens)
             if end is not None:
                 self.decode_time.labels(model).observe(end - first)
+
+    def on_prefix_cache(self, queries: dict[str, int], hits: dict[str, int]) -> None:
+        """The prefix cache's totals since the engine started (the counters grow by
+        what is new)."""
+        for model, queried in queries.items():
+            hit = hits.get(model, 0)
+            seen_queries, seen_hits = self._prefix_seen.get(model, (0, 0))
+            if queried > seen_queries:
+                self.prefix_queries.labels(model).inc(queried - seen_queries)
+                self.prefix_hits.labels(model).inc(hit - seen_hits)
+                self._prefix_seen[model] = (queried, hit)
 
     def on_step(self, duration_s: float, tokens_by_model: dict[str, int]) -> None:
         self.step_seconds.observe(duration_s)

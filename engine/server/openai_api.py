@@ -39,6 +39,7 @@ from shunter.engine.api.protocol import (
 )
 from shunter.engine.api.timing import TIMING_HEADER, response_timing
 from shunter.engine.interfaces import Clock
+from shunter.engine.memory.prefix import request_salt
 from shunter.engine.server.context import REQUEST_ID, STATE, ServerState
 from shunter.engine.server.loop import ABORTED, Delta, Stream
 from shunter.engine.server.responses import Call, Choice, usage
@@ -99,6 +100,8 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
         request.headers.get(SLO_HEADER), state.slo_of(name), state.settings.slo_classes
     )
     tenant = request.headers.get(TENANT_HEADER, "")
+    across = state.settings.share_prefixes_across_tenants
+    salt = request_salt(tenant, gen.cache_salt, across_tenants=across)
     call = Call(chat, request[REQUEST_ID], served, extras, gen.logprobs_shown, gen.structure)
     loop = asyncio.get_running_loop()
     sink: asyncio.Queue[tuple[int, Delta]] = asyncio.Queue()
@@ -110,7 +113,9 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
             params = gen.params
             if params.seed is not None and i:
                 params = dataclasses.replace(params, seed=(params.seed + i) % 2**63)
-            streams.append(Stream(index, name, prompt, params, slo, sink, loop, t_arr, tenant))
+            streams.append(
+                Stream(index, name, prompt, params, slo, sink, loop, t_arr, tenant, salt)
+            )
             choices.append(Choice(index, len(prompt)))
     engine_loop = state.loop
     engine_loop.submit(streams)

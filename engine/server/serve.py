@@ -51,6 +51,7 @@ def engine_config(settings: EngineSettings, *, check_integrity: bool = False) ->
         ),
         remap=settings.remap,
         check_integrity=check_integrity,
+        prefix_caching=settings.prefix_caching,
     )
     return dataclasses.replace(
         config,

@@ -27,6 +27,8 @@ TOP_KEYS = {
     "kv_tokens",
     "policy",
     "remap",
+    "prefix_caching",
+    "share_prefixes_across_tenants",
     "capacity_order",
     "grace_s",
     "max_sequences_per_request",
@@ -47,7 +49,11 @@ class EngineSettings:
     ``grace_s`` is how long shutdown waits for requests in flight. With ``remap`` the
     engine lends idle models' weight layers to the KV cache (Oneiros), taking device
     memory in ``capacity_order``. ``step_target_s`` is the time a step should take
-    (None: derived from the models' SLO classes, see ``serve.step_target_s``)."""
+    (None: derived from the models' SLO classes, see ``serve.step_target_s``).
+    ``prefix_caching`` shares the KV of prompts' common prefixes between requests of a
+    model (on by default, as in vLLM); only between requests of one tenant (the
+    gateway's tenant header) unless ``share_prefixes_across_tenants``: how fast a prompt
+    is served could tell one tenant what another sent."""
 
     models: tuple[ModelArg, ...]
     device: str | None = None
@@ -63,6 +69,8 @@ class EngineSettings:
     # run at once, so without a bound one request could hold the engine for minutes.
     max_sequences_per_request: int = MAX_SEQUENCES
     step_target_s: float | None = None
+    prefix_caching: bool = True
+    share_prefixes_across_tenants: bool = False
 
 
 def load_settings(config: Path | None, model_flags: Sequence[str]) -> EngineSettings:
@@ -105,6 +113,14 @@ def settings_from_dict(
     remap = data.get("remap", False)
     if not isinstance(remap, bool):
         raise SettingsError(f"{where}: remap must be true or false")
+    prefix_caching = data.get("prefix_caching", True)
+    across = data.get("share_prefixes_across_tenants", False)
+    for key, value in (
+        ("prefix_caching", prefix_caching),
+        ("share_prefixes_across_tenants", across),
+    ):
+        if not isinstance(value, bool):
+            raise SettingsError(f"{where}: {key} must be true or false")
     order = data.get("capacity_order", list(CAPACITY_SOURCES))
     if not isinstance(order, list):
         raise SettingsError(f"{where}: capacity_order must be a list")
@@ -131,6 +147,8 @@ def settings_from_dict(
         slo_classes=slos,
         max_sequences_per_request=max_sequences or MAX_SEQUENCES,
         step_target_s=None if step_target_ms is None else step_target_ms / 1000,
+        prefix_caching=prefix_caching,
+        share_prefixes_across_tenants=across,
     )
 
 

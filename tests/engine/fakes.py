@@ -8,6 +8,7 @@ D2H copy has not completed, copies out of step order.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 
 from shunter.engine.config import (
     EngineConfig,
@@ -53,6 +54,7 @@ def tiny_config(
     tenants: tuple[TenantSpec, ...] = (),
     remap: RemapConfig | None = None,
     turn_quantum_s: float = 0.5,
+    prefix_caching: bool = False,
 ) -> EngineConfig:
     """An engine whose device arena holds the models' weights plus ``kv_blocks`` blocks of
     the first model (pages are one block each)."""
@@ -79,6 +81,7 @@ def tiny_config(
         tenants=tenants,
         remap=remap or RemapConfig(),
         check_integrity=True,
+        prefix_caching=prefix_caching,
     )
 
 
@@ -90,7 +93,10 @@ class StepClock(Clock):
         return self.t
 
 
-Tag = tuple[str, int]  # (request id, token position) whose KV a slot holds
+# Whose KV a slot holds: (request id, token position), or for a request with token ids
+# the tokens up to and including that position (the KV of equal prefixes is equal, so
+# prefix caching may serve one request's slots to another).
+Tag = tuple[str, int] | tuple[int, ...]
 
 
 class Contents:
@@ -127,6 +133,7 @@ class FakeExecutor(Executor):
         self.plans: list[StepPlan] = []
         self.contents: Contents | None = None
         self.memory: KVMemory | None = None
+        self.requests: Mapping[str, Request] = {}
         self._swapped_in: dict[str, int] = {}
 
     def execute(self, plan: StepPlan) -> StepResult:
@@ -139,15 +146,24 @@ class FakeExecutor(Executor):
         for rid in plan.released:
             self._swapped_in.pop(rid, None)
         if self.contents is not None and self.memory is not None:
-            self._play(plan, self.contents, self.memory)
+            self._play(plan, self.contents, self.memory, self.requests)
         self.plans.append(plan)
         self.clock.t += self.dt
         emitted: dict[str, int | None] = {e.request_id: plan.step for e in plan.batch if e.samples}
         return StepResult(duration_s=self.dt, emitted=emitted)
 
     @staticmethod
-    def _play(plan: StepPlan, contents: Contents, memory: KVMemory) -> None:
+    def _play(
+        plan: StepPlan, contents: Contents, memory: KVMemory, requests: Mapping[str, Request]
+    ) -> None:
         bt = contents.block_tokens
+
+        def tag(rid: str, pos: int) -> Tag:
+            r = requests.get(rid)
+            if r is None or r.prompt_token_ids is None:
+                return (rid, pos)
+            return tuple(r.token_ids(0, pos + 1))
+
         for model, moves in plan.moves.items():
             for move in moves:
                 held = contents.device.get((model, move.src), contents.empty())
@@ -156,12 +172,12 @@ class FakeExecutor(Executor):
             table = memory.block_ids(e.request_id)
             for pos in range(e.num_computed_tokens):
                 held = contents.device.get((e.model, table[pos // bt]), contents.empty())
-                assert held[pos % bt] == (e.request_id, pos), (
+                assert held[pos % bt] == tag(e.request_id, pos), (
                     f"step {plan.step}: {e.request_id} token {pos} reads {held[pos % bt]}"
                 )
             for pos in range(e.num_computed_tokens, e.num_computed_tokens + e.num_tokens):
                 block = contents.device.setdefault((e.model, table[pos // bt]), contents.empty())
-                block[pos % bt] = (e.request_id, pos)
+                block[pos % bt] = tag(e.request_id, pos)
 
 
 class FakeTransfers(Transfers):
@@ -189,7 +205,10 @@ class FakeTransfers(Transfers):
         self.submitted.append(plan.step)
         d2h = [(m, d, h) for m in {*plan.swap_out, *plan.rotate} for d, h in plan.d2h(m).pairs()]
         sources = self._sources(d2h)
-        assert len(sources) == len(d2h), "a block copied twice to host in one step"
+        # A block shared by prefix caching may be copied out once per holder; a host
+        # block is written at most once.
+        targets = {(m, h) for m, _, h in d2h}
+        assert len(targets) == len(d2h), "a host block written twice in one step"
         dests = {(m, d) for m, cs in plan.swap_in.items() for d in cs.devices}
         assert len(dests) == plan.num_h2d_blocks, "two H2D copies into one block"
         reading = sources | {b for _, _, d2h, _ in self.queue for b in self._sources(d2h)}
@@ -238,6 +257,7 @@ def make_core(config: EngineConfig, *, delay: int = 1) -> tuple[EngineCore, Step
     core = EngineCore(config, executor, transfers, clock)
     executor.contents = transfers.contents = Contents(config.block_tokens)
     executor.memory = core.memory
+    executor.requests = core.scheduler.requests
     return core, clock
 
 

@@ -85,6 +85,8 @@ def test_greedy_tokens_equal_transformers_generate(
         "layers_streamed",
         "layers_restored",
         "steps",
+        "prefix_cache_queries",
+        "prefix_cache_hits",
         "warnings",
     }
     assert summary["summary"]["warnings"] == []  # type: ignore[index]
@@ -155,6 +157,62 @@ def test_many_requests_on_two_models_keep_their_tokens_when_memory_is_tight(
     assert summary["blocks_swapped_out"] > 0 and summary["blocks_swapped_in"] > 0
     assert summary["steps"] > ample.summary["steps"]
     assert summary["remapped_layers_max"] == 0  # nothing remaps layers yet
+
+
+def shared_prefix_prompts(count: int, prefix_len: int, seed: int = 5) -> list[list[int]]:
+    """``count`` prompts: one of two common prefixes, then a short suffix of their own."""
+    gen = torch.Generator().manual_seed(seed)
+    heads = [torch.randint(4, 500, (prefix_len,), generator=gen).tolist() for _ in range(2)]
+    return [
+        heads[i % 2] + torch.randint(4, 500, (3 + i % 5,), generator=gen).tolist()
+        for i in range(count)
+    ]
+
+
+def test_shared_prefixes_keep_their_tokens_under_forced_rotation(
+    tmp_path: Path, tiny_dirs: dict[str, Path]
+) -> None:
+    """Prefix caching serves later requests' prompts from earlier ones' blocks, shared
+    while both run and cached once they finish, through forced rotation under a tight
+    budget: the tokens are those of a run without it."""
+    work = shared_prefix_prompts(12, prefix_len=40)
+    lines: list[dict[str, object]] = [
+        {"model": MODELS[i % 2], "prompt_ids": p, "max_tokens": 12} for i, p in enumerate(work)
+    ]
+    path = write_requests(tmp_path / "requests.jsonl", lines)
+    base = [*model_args(tiny_dirs), "--requests", str(path), "--max-tokens", "12", "--greedy"]
+    ample = generate(base)
+    assert ample.summary["prefix_cache_queries"] == 0
+    specs = model_specs({name: tiny_dirs[name] for name in MODELS})
+    page = page_bytes_for(specs, BLOCK_TOKENS)
+    longest = max(-(-(len(p) + 12) // BLOCK_TOKENS) for p in work)
+    budget = weight_bytes(specs, page) + len(MODELS) * (longest + 6) * page
+    args = [*base, "--hbm-budget", str(budget), "--enable-prefix-caching"]
+    cached = generate([*args, "--force-rotation"])
+    assert cached.outputs == ample.outputs
+    summary = cached.summary
+    assert summary["prefix_cache_queries"] == sum(map(len, work))
+    # Requests admitted in the step before their prefix is computed find nothing;
+    # the later ones find both of its full blocks.
+    assert summary["prefix_cache_hits"] >= 2 * 32 and summary["prefix_cache_hits"] % 16 == 0
+    assert summary["rotations"] > 0
+    assert generate(args).outputs == ample.outputs
+
+
+def test_shared_prefixes_keep_their_tokens_with_layers_remapped(four_layers: Path) -> None:
+    work = shared_prefix_prompts(6, prefix_len=36)
+    lines: list[dict[str, object]] = [{"prompt_ids": p, "max_tokens": 6} for p in work]
+    path = write_requests(four_layers.parent / "prefix.jsonl", lines)
+    base = ["--model", str(four_layers), "--requests", str(path), "--max-tokens", "6", "--greedy"]
+    plain = generate(base)
+    specs = model_specs({"deep": four_layers})
+    page = page_bytes_for(specs, BLOCK_TOKENS)
+    budget = weight_bytes(specs, page) + 4 * page  # one request at a time
+    tight = [*base, "--hbm-budget", str(budget), "--force-remap", "1", "--enable-prefix-caching"]
+    cached = generate(tight)
+    assert cached.outputs == plain.outputs
+    assert cached.summary["prefix_cache_hits"] > 0
+    assert cached.summary["layers_streamed"] > 0
 
 
 def test_forced_rotation_rotates_every_request_after_each_step_it_runs(

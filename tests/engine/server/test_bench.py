@@ -1,10 +1,12 @@
-"""``shunter bench server`` runs end to end on a tiny workload."""
+"""``shunter bench server`` and ``bench prefix`` run end to end on tiny workloads."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from shunter.engine.benchfigure import BenchFigure
 from shunter.engine.server.bench import bench_server
+from shunter.engine.server.bench_prefix import bench_prefix
 
 
 def test_bench_server_reports_both_paths_and_ratios(model_dirs: dict[str, Path]) -> None:
@@ -25,3 +27,32 @@ def test_bench_server_reports_both_paths_and_ratios(model_dirs: dict[str, Path])
         ("2", "in-process"), ("2", "server"), ("2", "ratio"),
     ]  # fmt: skip
     assert all(r[2].endswith("x") for r in rows if r[1] == "ratio")
+
+
+def test_bench_prefix_reports_both_workloads_cache_on_and_off() -> None:
+    items = list(
+        bench_prefix(
+            documents=2,
+            questions=2,
+            doc_tokens=128,
+            question_tokens=8,
+            conversations=2,
+            turns=2,
+            system_tokens=64,
+            max_tokens=2,
+            concurrency=1,
+        )
+    )
+    rows = [item.split() for item in items[3:] if isinstance(item, str)]
+    assert [tuple(r[:2]) for r in rows] == [
+        ("doc", "QA"), ("chat", "on"),
+        ("doc", "QA"), ("chat", "off"),
+        ("doc", "QA"), ("chat", "ratio"),
+    ]  # fmt: skip
+    # With the cache each document is computed once (its questions' last blocks aside);
+    # without it, every time.
+    on, off = int(rows[0][-1]), int(rows[2][-1])
+    assert on < off
+    assert off == 2 * 2 * (128 + 8)
+    (figure,) = [item for item in items if isinstance(item, BenchFigure)]
+    assert figure.name == "prefix.docqa_ttft_p50_ratio" and figure.value > 0
