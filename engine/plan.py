@@ -93,6 +93,9 @@ class StepPlan:
         overlap this step's forward pass) and they join the batch at the first later
         step that finds those copies complete (cross-iteration pipeline).
       - ``admitted``: WAITING -> RUNNING with fresh device blocks.
+      - ``prefix_loads``: admitted requests whose prompt's cached prefix is copied in
+        from host memory (in ``swap_in``); like ``swapped_in`` ones they join the batch
+        at the first later step that finds those copies complete.
       - ``released``: finished or aborted since the previous plan; an executor drops any
         per-request state it keeps.
 
@@ -124,6 +127,7 @@ class StepPlan:
     preempted: list[str] = field(default_factory=list)
     swapped_in: list[str] = field(default_factory=list)
     admitted: list[str] = field(default_factory=list)
+    prefix_loads: list[str] = field(default_factory=list)
     released: list[str] = field(default_factory=list)
     batch: list[BatchEntry] = field(default_factory=list)
     swap_out: dict[str, BlockCopies] = field(default_factory=dict)
@@ -135,6 +139,12 @@ class StepPlan:
     streams: dict[str, SlotStream] = field(default_factory=dict)
     block_tables: dict[str, list[int]] = field(default_factory=dict)
     token_ids: dict[str, list[int]] = field(default_factory=dict)
+
+    @property
+    def copied_in(self) -> list[str]:
+        """The requests whose KV this step's H2D copies write (``swapped_in`` and
+        ``prefix_loads``): a forward pass that reads their KV waits for the copies."""
+        return [*self.swapped_in, *self.prefix_loads]
 
     def d2h(self, model: str) -> BlockCopies:
         """The model's whole device-to-host batch: preemption copies, then rotations

@@ -160,9 +160,9 @@ class CudaTransfers(KVTransfers):
                 for model, copies in h2d:
                     self._to_device(model, copies)
                 h2d_event = _record(self.h2d_stream)
-            for request_id in plan.swapped_in:
+            for request_id in plan.copied_in:
                 self._h2d_events[request_id] = h2d_event
-        swapped_in = list(plan.swapped_in) if h2d else []
+        swapped_in = plan.copied_in if h2d else []
         self._pending.append(_StepCopies(plan.step, d2h_event, h2d_event, swapped_in))
 
     def poll(self, now: float) -> list[int]:

@@ -118,6 +118,7 @@ def run_generate(requests: Sequence[GenerateRequest], options: GenerateOptions) 
         "steps": totals.steps,
         "prefix_cache_queries": sum(engine.core.memory.prefix_stats.queries.values()),
         "prefix_cache_hits": sum(engine.core.memory.prefix_stats.hits.values()),
+        "prefix_cache_host_hits": sum(engine.core.memory.prefix_stats.host_hits.values()),
     }
     return GenerateResult(outputs, summary, _remap_warnings(specs, options.force_remap))
 

@@ -23,7 +23,13 @@ from shunter.engine.loadgen.vllm_result import (
     result_filename,
 )
 from shunter.engine.workload.requests import WorkloadError
-from shunter.engine.workload.sources import LengthDist, SyntheticWorkload, TraceWorkload, Workload
+from shunter.engine.workload.sources import (
+    LengthDist,
+    PrefixRepetitionWorkload,
+    SyntheticWorkload,
+    TraceWorkload,
+    Workload,
+)
 
 # vLLM's defaults: 1,000 prompts at an infinite rate; random prompts of 1,024 tokens
 # and outputs of 128 (vllm/benchmarks/serve.py and datasets.py).
@@ -154,10 +160,19 @@ def _workload(ns: argparse.Namespace, sample: Path) -> Workload:
             _length(ns.random_output_len, ns.output_len, DEFAULT_OUTPUT_LEN, ns.random_range_ratio),
             count,
         )
+    if kind == "prefix_repetition" and path is None:
+        return PrefixRepetitionWorkload(
+            ns.prefix_repetition_prefix_len,
+            ns.prefix_repetition_suffix_len,
+            ns.prefix_repetition_num_prefixes,
+            ns.prefix_repetition_output_len,
+            count,
+        )
     if kind == "trace" and path is not None:
         return trace_workload(path, count, seed=ns.seed)
     raise ServeArgsError(
-        "the dataset must be --dataset-name sharegpt [--dataset-path PATH], random, or "
+        "the dataset must be --dataset-name sharegpt [--dataset-path PATH], random, "
+        "prefix_repetition, or "
         "trace --dataset-path PATH (or --dataset sharegpt[:PATH], synthetic, trace:PATH): "
         f"{ns.dataset or kind!r}"
     )

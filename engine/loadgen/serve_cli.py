@@ -148,9 +148,10 @@ def add_serve_parser(benches: argparse._SubParsersAction[Any]) -> argparse.Argum
     data = p.add_argument_group("dataset")
     data.add_argument(
         "--dataset-name",
-        choices=("sharegpt", "random", "synthetic", "trace"),
-        help="sharegpt (default: the bundled sample), random (synthetic lengths), or trace "
-        "(JSONL of arrival times and lengths); the file is --dataset-path",
+        choices=("sharegpt", "random", "synthetic", "prefix_repetition", "trace"),
+        help="sharegpt (default: the bundled sample), random (synthetic lengths), "
+        "prefix_repetition (shared prefixes, vLLM's), or trace (JSONL of arrival times and "
+        "lengths); the file is --dataset-path",
     )
     data.add_argument("--dataset-path", type=Path)
     data.add_argument(
@@ -172,6 +173,18 @@ def add_serve_parser(benches: argparse._SubParsersAction[Any]) -> argparse.Argum
         default=0.0,
         help="random lengths uniform within [len x (1 - r), len x (1 + r)] (default 0)",
     )
+    for flag, default, meaning in (
+        ("--prefix-repetition-prefix-len", 256, "words of each shared prefix"),
+        ("--prefix-repetition-suffix-len", 256, "words after it, each request's own"),
+        ("--prefix-repetition-num-prefixes", 10, "distinct prefixes"),
+        ("--prefix-repetition-output-len", 128, "output tokens"),
+    ):
+        data.add_argument(
+            flag,
+            type=positive_int,
+            default=default,
+            help=f"prefix_repetition: {meaning} (default {default})",
+        )
     data.add_argument(
         "--tokenizer",
         type=Path,

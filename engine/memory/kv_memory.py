@@ -162,6 +162,12 @@ class KVMemory(Relocation):
         total = pool.num_total
         return 1.0 if total == 0 else 1.0 - pool.num_free / total
 
+    def _occupancy(self, model: str) -> float:
+        """``usage``, counting cached prefix blocks as occupied."""
+        pool = self._pools[model]
+        total = pool.num_total
+        return 1.0 if total == 0 else 1.0 - (pool.num_free - pool.num_cached) / total
+
     def blocks_used(self) -> dict[str, int]:
         """Device KV blocks in use per model (owned or awaiting a copy)."""
         return {model: pool.num_used for model, pool in self._pools.items()}
@@ -231,29 +237,45 @@ class KVMemory(Relocation):
         if request.id in self._tables:
             raise ValueError(f"request {request.id!r} already has a block table")
         pool, need = self._pools[request.model], self.num_blocks(request.num_tokens)
-        hashes, hits = self._prompt_hits(request, pool)
+        hashes, hits, loads = self._prompt_hits(request, pool)
         table = BlockTable(request.id, request.model, hits + pool.allocate(need - len(hits)))
         table.hashes, table.num_published = hashes, len(hits)
-        if hits:
-            request.num_computed_tokens = len(hits) * self.block_tokens
+        if loads:
+            self._load(table, len(hits), loads)
+        if hits or loads:
+            request.num_computed_tokens = (len(hits) + len(loads)) * self.block_tokens
         table.num_computed = request.num_computed_tokens
         self._tables[request.id] = table
 
-    def _prompt_hits(self, request: Request, pool: BlockPool) -> tuple[list[bytes], list[int]]:
-        """The hashes of the prompt's full blocks and the published blocks of its
-        longest cached prefix (now shared with it); nothing without prefix caching or
+    def _load(self, table: BlockTable, first: int, loads: list[int]) -> None:
+        """Copy host-cached blocks ``loads`` into the table's blocks from ``first`` on;
+        the request may be computed once they land (``is_resident``), and the host
+        blocks stay held until then."""
+        plan, model = self._current(), table.model
+        _batch(plan.swap_in, model).extend(table.devices[first : first + len(loads)], loads)
+        self._inflight.count_swaps(plan.step, model, len(loads))
+        self._inflight.defer_host(plan.step, model, loads)
+        table.h2d_step = plan.step
+
+    def _prompt_hits(
+        self, request: Request, pool: BlockPool
+    ) -> tuple[list[bytes], list[int], list[int]]:
+        """The hashes of the prompt's full blocks, the published device blocks of its
+        longest cached prefix (now shared with it), and the published host blocks that
+        continue it (now held, to be copied in); nothing without prefix caching or
         token ids, or for a request that has computed tokens already."""
         prompt = request.prompt_token_ids
         if not self.prefix_caching or prompt is None or request.num_computed_tokens:
-            return [], []
-        start = chain_start(request.model, request.cache_salt)
-        hashes = block_hashes(prompt, self.block_tokens, start)
-        hits = pool.lookup(hashes[: (request.prompt_tokens - 1) // self.block_tokens])
+            return [], [], []
+        bt, model = self.block_tokens, request.model
+        hashes = block_hashes(prompt, bt, chain_start(model, request.cache_salt))
+        wanted = hashes[: (request.prompt_tokens - 1) // bt]
+        hits = pool.lookup(wanted)
         pool.share(hits)
-        self.prefix_stats.record(
-            request.model, request.prompt_tokens, len(hits) * self.block_tokens
-        )
-        return hashes, hits
+        loads = self.host.lookup(model, wanted[len(hits) :])
+        self.host.share(model, loads)
+        self.prefix_stats.record(model, request.prompt_tokens, len(hits) * bt, len(loads) * bt)
+        return hashes, hits, loads
 
     def can_append(self, request: Request, num_new_tokens: int) -> bool:
         """Whether blocks for ``num_new_tokens`` more computed tokens are held or free."""
@@ -346,8 +368,7 @@ class KVMemory(Relocation):
         table = self._tables[request.id]
         if self._inflight.is_pending(table.d2h_step):
             raise RuntimeError(f"request {request.id!r}: its host copies have not landed")
-        pool = self._pools[table.model]
-        self._swap_in(table, pool.allocate(-(-request.num_tokens // self.block_tokens)))
+        self._swap_in(table, self._pools[table.model], self.num_blocks(request.num_tokens))
 
     def try_swap_in(self, request: Request) -> bool:
         """``swap_in`` if ``can_swap_in``; returns whether it did. (One table lookup and
@@ -359,14 +380,22 @@ class KVMemory(Relocation):
         need = -(-(request.prompt_tokens + request.num_output_tokens) // self.block_tokens)
         if not pool.can_allocate(need):
             return False
-        self._swap_in(table, pool.allocate(need))
+        self._swap_in(table, pool, need)
         return True
 
-    def _swap_in(self, table: BlockTable, devices: list[int]) -> None:
+    def _swap_in(self, table: BlockTable, pool: BlockPool, need: int) -> None:
+        """``need`` device blocks for the table and H2D copies of its host blocks; with
+        prefix caching its leading blocks still published on the device (another
+        holder's, or cached) are shared instead of copied in again."""
         model, plan, hosts = table.model, self._current(), table.hosts
-        _batch(plan.swap_in, model).extend(devices[: len(hosts)], hosts)
-        self._inflight.count_swaps(plan.step, model, len(hosts))
+        shared = pool.lookup(table.hashes[: len(hosts)]) if table.hashes else []
+        pool.share(shared)
+        devices = shared + pool.allocate(need - len(shared))
+        k = len(shared)
+        _batch(plan.swap_in, model).extend(devices[k : len(hosts)], hosts[k:])
+        self._inflight.count_swaps(plan.step, model, len(hosts) - k)
         table.devices = devices
+        table.num_published = k
         table.h2d_step = plan.step
 
     def free(self, request: Request) -> None:
@@ -375,6 +404,9 @@ class KVMemory(Relocation):
             return
         self._unrotated.pop(request.id, None)
         fence = self._fence(table.d2h_step, table.h2d_step, table.move_step)
+        if table.hashes and table.num_host_valid:  # landed host copies of full blocks
+            n = min(table.num_host_valid, len(table.hashes))
+            self.host.publish(table.model, table.hosts[:n], table.hashes[:n])
         if fence is None:
             self._pools[table.model].free(table.devices)
             self.host.free(table.model, table.hosts)
@@ -425,12 +457,14 @@ class KVMemory(Relocation):
     def rotate(self) -> int:
         """Eager rotation: copy SYNCED blocks of running requests to host ahead of need.
 
-        Runs for models whose device KV usage is at or above the watermark, tables in
-        the order their blocks became SYNCED, up to the budget. Returns the number of
-        blocks queued.
+        Runs for models whose device KV is at or above the watermark full, cached
+        prefix blocks counted (a full cache is what evicts them, and the host copies
+        made here become the prefix cache's host tier when their requests end), tables
+        in the order their blocks became SYNCED, up to the budget. Returns the number
+        of blocks queued.
         """
         budget = self.rotation.budget_blocks if self.rotation.eager else 0
-        hot = {m for m in self._pools if self.usage(m) >= self.rotation.watermark}
+        hot = {m for m in self._pools if self._occupancy(m) >= self.rotation.watermark}
         if budget == 0 or not hot or not self._unrotated:
             return 0
         plan, queued, bt = self._current(), 0, self.block_tokens
@@ -474,8 +508,9 @@ class KVMemory(Relocation):
             tables = [t for t in self._tables.values() if t.model == model]
             devices = [d for t in tables for d in t.devices] + deferred_devices.get(model, [])
             hosts = [h for t in tables for h in t.hosts] + deferred_hosts.get(model, [])
-            if len(set(hosts)) != len(hosts):
-                raise AssertionError(f"{model}: a host block is owned twice")
+            for h, n in Counter(hosts).items():
+                if n != self.host.num_holders(model, h):
+                    raise AssertionError(f"{model}: host block {h} has {n} holders")
             for d, n in Counter(devices).items():
                 if n != pool.num_holders(d):
                     raise AssertionError(f"{model}: block {d} has {n} holders, counted otherwise")

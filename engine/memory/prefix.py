@@ -52,15 +52,18 @@ def request_salt(tenant: str, salt: str | None, *, across_tenants: bool) -> str 
 @dataclass
 class PrefixStats:
     """Prompt tokens looked up in the cache and those found, since the engine started
-    (vLLM's ``prefix_cache_queries`` / ``prefix_cache_hits`` counters), per model."""
+    (vLLM's ``prefix_cache_queries`` / ``prefix_cache_hits`` counters), per model;
+    ``host_hits`` are the hits found in host memory (copied in, not recomputed)."""
 
     queries: dict[str, int]
     hits: dict[str, int]
+    host_hits: dict[str, int]
 
     @classmethod
     def empty(cls) -> PrefixStats:
-        return cls({}, {})
+        return cls({}, {}, {})
 
-    def record(self, model: str, queried: int, hit: int) -> None:
+    def record(self, model: str, queried: int, hit: int, host_hit: int = 0) -> None:
         self.queries[model] = self.queries.get(model, 0) + queried
-        self.hits[model] = self.hits.get(model, 0) + hit
+        self.hits[model] = self.hits.get(model, 0) + hit + host_hit
+        self.host_hits[model] = self.host_hits.get(model, 0) + host_hit

@@ -233,7 +233,11 @@ class Admission:
                 return None
             self.memory.allocate(r)
             plan.admitted.append(r.id)
-            used = add_chunk(plan, r, tokens)
+            if self.memory.is_resident(r):
+                used = add_chunk(plan, r, tokens)
+            else:  # its cached prefix is copied in from host first: it joins like a swap-in
+                plan.prefix_loads.append(r.id)
+                self._joining.append(r)
         q.move(r, RUNNING)
         r.t_run = now
         if r.t_scheduled is None:

@@ -292,7 +292,7 @@ def add_bench_prefix_parser(benches: argparse._SubParsersAction[Any]) -> None:
         "and off. Prints TTFT p50/p90 and the prompt tokens each engine computed. Host "
         "wall time on this machine.",
     )
-    add_bench_arguments(p, preset="tiny-llama", max_tokens=16, threads=1)
+    add_bench_arguments(p, preset="tiny-llama", max_tokens=16, threads=1, rounds=3)
     for flag, default, meaning in (
         ("--documents", 4, "documents"),
         ("--questions", 4, "questions per document"),
@@ -326,6 +326,7 @@ def cmd_bench_prefix(ns: argparse.Namespace) -> int:
             max_tokens=ns.max_tokens,
             concurrency=ns.concurrency,
             threads=ns.threads,
+            rounds=ns.rounds,
         ),
         ns.json,
     )

@@ -347,7 +347,7 @@ class EngineLoop:
                     prefix_caching=memory.prefix_caching,
                 )
         if memory.prefix_caching:
-            metrics.on_prefix_cache(memory.prefix_stats.queries, memory.prefix_stats.hits)
+            metrics.on_prefix_cache(memory.prefix_stats)
         for model, q in core.scheduler.queues.items():
             metrics.on_queues(
                 model,

@@ -23,6 +23,7 @@ from prometheus_client import (
 )
 
 from shunter.engine import latency
+from shunter.engine.memory.prefix import PrefixStats
 from shunter.engine.request import Request
 
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -121,7 +122,11 @@ class ServerMetrics:
         self.prefix_hits = counter(
             "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
         )
-        self._prefix_seen: dict[str, tuple[int, int]] = {}
+        self.prefix_host_hits = counter(
+            "shunter:prefix_cache_host_hits",
+            "Prefix cache hits found in host memory (copied in, not recomputed), in tokens.",
+        )
+        self._prefix_seen: dict[str, tuple[int, int, int]] = {}
         self.requests = Counter(
             "vllm:request_success",
             "Finished requests by finish reason.",
@@ -326,16 +331,17 @@ class ServerMetrics:
             if end is not None:
                 self.decode_time.labels(model).observe(end - first)
 
-    def on_prefix_cache(self, queries: dict[str, int], hits: dict[str, int]) -> None:
+    def on_prefix_cache(self, stats: PrefixStats) -> None:
         """The prefix cache's totals since the engine started (the counters grow by
         what is new)."""
-        for model, queried in queries.items():
-            hit = hits.get(model, 0)
-            seen_queries, seen_hits = self._prefix_seen.get(model, (0, 0))
+        for model, queried in stats.queries.items():
+            hit, host = stats.hits.get(model, 0), stats.host_hits.get(model, 0)
+            seen_queries, seen_hits, seen_host = self._prefix_seen.get(model, (0, 0, 0))
             if queried > seen_queries:
                 self.prefix_queries.labels(model).inc(queried - seen_queries)
                 self.prefix_hits.labels(model).inc(hit - seen_hits)
-                self._prefix_seen[model] = (queried, hit)
+                self.prefix_host_hits.labels(model).inc(host - seen_host)
+                self._prefix_seen[model] = (queried, hit, host)
 
     def on_step(self, duration_s: float, tokens_by_model: dict[str, int]) -> None:
         self.step_seconds.observe(duration_s)

@@ -104,6 +104,36 @@ class SyntheticWorkload(Workload):
 
 
 @dataclass(frozen=True)
+class PrefixRepetitionWorkload(Workload):
+    """vLLM's ``prefix_repetition`` dataset (``PrefixRepetitionRandomDataset``):
+    ``num_prefixes`` random prefixes of ``prefix_len`` words, each followed in an equal
+    share of the requests by a suffix of ``suffix_len`` words of its own, shuffled; every
+    request asks for ``output_len`` tokens. A prefix cache serves each prefix from its
+    second request on. vLLM's defaults: 256, 256, 10, 128."""
+
+    prefix_len: int = 256
+    suffix_len: int = 256
+    num_prefixes: int = 10
+    output_len: int = 128
+    count: TokenCounter | None = None
+
+    @property
+    def name(self) -> str:
+        return "prefix_repetition"
+
+    def draw(self, num_requests: int, rng: random.Random) -> list[RequestSpec]:
+        prefixes = [synthetic_prompt(self.prefix_len, rng) for _ in range(self.num_prefixes)]
+        specs = []
+        for i in range(num_requests):
+            prompt = f"{prefixes[i % self.num_prefixes]} {synthetic_prompt(self.suffix_len, rng)}"
+            words = self.prefix_len + self.suffix_len
+            input_len = self.count(prompt) if self.count else words
+            specs.append(RequestSpec(prompt, input_len, self.output_len))
+        rng.shuffle(specs)
+        return specs
+
+
+@dataclass(frozen=True)
 class SampledWorkload(Workload):
     """Requests drawn from a fixed list (a loaded ShareGPT file): shuffled with the
     caller's generator, then cycled when more are asked for than the list holds."""

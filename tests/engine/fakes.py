@@ -139,10 +139,10 @@ class FakeExecutor(Executor):
     def execute(self, plan: StepPlan) -> StepResult:
         in_batch = {e.request_id for e in plan.batch}
         assert len(in_batch) == len(plan.batch), "a request twice in one batch"
-        assert not in_batch & set(plan.swapped_in), "swapped in and in the batch in one step"
+        assert not in_batch & set(plan.copied_in), "copied in and in the batch in one step"
         for rid in in_batch & self._swapped_in.keys():
             self.transfers.complete_through(self._swapped_in.pop(rid))
-        self._swapped_in.update((rid, plan.step) for rid in plan.swapped_in)
+        self._swapped_in.update((rid, plan.step) for rid in plan.copied_in)
         for rid in plan.released:
             self._swapped_in.pop(rid, None)
         if self.contents is not None and self.memory is not None:

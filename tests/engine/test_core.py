@@ -247,8 +247,9 @@ def test_add_request_rejects_what_can_never_fit() -> None:
 def test_prefix_caching_keeps_every_request_whole_and_memory_consistent() -> None:
     """Prompts built from a few shared heads, under every policy, tight memory, eager
     rotation and swaps: every request finishes, the integrity check (shared blocks'
-    holders included) passes after every step, nothing leaks, and prompts do hit."""
-    hits = 0
+    holders included) passes after every step, nothing leaks, every token reads the KV
+    of its own prefix, and prompts do hit, on the device and in host memory."""
+    hits = host_hits = 0
 
     @settings(max_examples=120, deadline=None)
     @given(
@@ -277,7 +278,7 @@ def test_prefix_caching_keeps_every_request_whole_and_memory_consistent() -> Non
         delay: int,
         eager: bool,
     ) -> None:
-        nonlocal hits
+        nonlocal hits, host_hits
         config = tiny_config(
             kv_blocks=kv_blocks,
             host_blocks=host_blocks,
@@ -300,7 +301,9 @@ def test_prefix_caching_keeps_every_request_whole_and_memory_consistent() -> Non
         assert core.memory.blocks_used() == {"tiny": 0}
         assert core.memory.host.used_bytes == 0
         core.check_integrity()
-        hits += sum(core.memory.prefix_stats.hits.values())
+        stats = core.memory.prefix_stats
+        hits += sum(stats.hits.values())
+        host_hits += sum(stats.host_hits.values())
 
     check()
-    assert hits > 0
+    assert hits > host_hits > 0

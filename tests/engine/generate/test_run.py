@@ -87,6 +87,7 @@ def test_greedy_tokens_equal_transformers_generate(
         "steps",
         "prefix_cache_queries",
         "prefix_cache_hits",
+        "prefix_cache_host_hits",
         "warnings",
     }
     assert summary["summary"]["warnings"] == []  # type: ignore[index]
@@ -195,6 +196,11 @@ def test_shared_prefixes_keep_their_tokens_under_forced_rotation(
     # Requests admitted in the step before their prefix is computed find nothing;
     # the later ones find both of its full blocks.
     assert summary["prefix_cache_hits"] >= 2 * 32 and summary["prefix_cache_hits"] % 16 == 0
+    # A rotated request's shared prefix blocks still on the device are shared again
+    # when it swaps back in, not copied in again.
+    rotated = generate([*base, "--hbm-budget", str(budget), "--force-rotation"])
+    assert rotated.outputs == ample.outputs
+    assert summary["blocks_swapped_in"] < rotated.summary["blocks_swapped_in"]
     assert summary["rotations"] > 0
     assert generate(args).outputs == ample.outputs
 

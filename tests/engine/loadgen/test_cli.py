@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import subprocess
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -140,6 +141,30 @@ def test_serve_against_the_engine_with_its_tokenizer(
     (result,) = json.loads(out.read_text())["results"]
     assert result["completed"] == 4 and result["mean_ttft_ms"] > 0
     assert result["total_input_tokens"] > 0  # the engine's usage
+
+
+def test_prefix_repetition_prompts_hit_the_engines_prefix_cache(
+    engine_url: str, tiny_llama: Path
+) -> None:
+    run = shunter(
+        "serve", "--base-url", engine_url, "--model", ENGINE_MODEL, "--api-key", ENGINE_TOKEN,
+        "--num-prompts", "6", "--max-concurrency", "1", "--tokenizer", str(tiny_llama),
+        "--dataset-name", "prefix_repetition", "--prefix-repetition-prefix-len", "64",
+        "--prefix-repetition-suffix-len", "8", "--prefix-repetition-num-prefixes", "2",
+        "--prefix-repetition-output-len", "2",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    request = urllib.request.Request(
+        engine_url + "/metrics", headers={"Authorization": f"Bearer {ENGINE_TOKEN}"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as r:
+        text = r.read().decode()
+    hits = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:prefix_cache_hits_total{")
+    )
+    assert hits >= 4 * 48  # each prefix's later requests find most of its blocks
 
 
 @pytest.mark.parametrize(

@@ -6,11 +6,12 @@ from __future__ import annotations
 import dataclasses
 
 from shunter.engine.memory.arena import Arena
+from shunter.engine.memory.host import HostSwap
 from shunter.engine.memory.pool import BlockPool
 from shunter.engine.memory.prefix import block_hashes, chain_start
 from shunter.engine.request import Request, RequestState
 from tests.engine.fakes import SLO, TINY
-from tests.engine.memory.test_kv_memory import Harness
+from tests.engine.memory.test_kv_memory import ALWAYS, Harness
 
 RUNNING, FINISHED = RequestState.RUNNING, RequestState.FINISHED
 
@@ -231,3 +232,72 @@ def test_compaction_moves_a_shared_block_once_for_all_its_holders() -> None:
     late.state = RUNNING
     assert late.num_computed_tokens == 4 and m.block_ids("late")[0] == 2
     h.check()
+
+
+def test_host_copies_of_a_finished_prompt_serve_a_later_one_after_device_eviction() -> None:
+    h = Harness(kv_blocks=6, rotation=ALWAYS, prefix_caching=True)
+    m = h.memory
+    a = _prompt_request("a", [*PREFIX, 1])  # three full blocks and a partial one
+    _run_prompt(h, a)
+    assert m.rotate() == 3  # eager rotation copies the full blocks to host
+    h.next_step()  # ... and they land
+    _finish(h, a)
+    assert m.host.num_cached("tiny") == 3 and m.host.used_bytes == 0
+    filler = h.running("f", prompt=24, computed=0)  # every device block: cached ones evicted
+    _finish(h, filler)
+    b = _prompt_request("b", [*PREFIX, 2])
+    h.requests.append(b)
+    m.allocate(b)
+    b.state = RUNNING
+    assert b.num_computed_tokens == 12  # from host: three H2D copies in this step
+    assert h.plan.swap_in["tiny"].hosts == sorted(h.plan.swap_in["tiny"].hosts)
+    assert len(h.plan.swap_in["tiny"].hosts) == 3 and not m.is_resident(b)
+    assert m.prefix_stats.host_hits == {"tiny": 12} and m.prefix_stats.hits == {"tiny": 12}
+    h.check()
+    h.next_step()
+    assert m.is_resident(b) and m.host.num_cached("tiny") == 3
+    b.num_computed_tokens = 13
+    m.mark_computed(b)
+    c = _prompt_request("c", [*PREFIX, 3])  # b's loaded blocks are now on the device
+    h.requests.append(c)
+    m.allocate(c)
+    c.state = RUNNING
+    assert c.num_computed_tokens == 12 and not h.plan.swap_in
+    h.check()
+
+
+def test_the_host_cache_gives_way_to_swaps_least_recently_freed_first() -> None:
+    host = HostSwap(capacity_bytes=400)
+    host.register("m", 100)
+    a, b, c = host.allocate("m", 3)
+    host.publish("m", [a, b], [b"ha", b"hb"])
+    host.free("m", [b, a, c])  # b cached first, then a
+    assert host.num_free("m") == 4 and host.num_cached("m") == 2 and host.used_bytes == 0
+    assert host.allocate("m", 2) == [c, 3]  # the never-cached space first
+    assert host.lookup("m", [b"ha"]) == [a]
+    (evicted,) = host.allocate("m", 1)
+    assert evicted == b and host.lookup("m", [b"hb"]) == []
+    host.check_integrity("m", {c, 3, b})
+    host.share("m", [a])
+    assert host.num_cached("m") == 0 and host.used_bytes == 400
+    host.check_integrity("m", {a, b, c, 3})
+
+
+def test_a_swap_in_shares_the_prefix_blocks_still_on_the_device() -> None:
+    h = Harness(kv_blocks=16, prefix_caching=True)
+    m = h.memory
+    a = _prompt_request("a", [*PREFIX, 1])
+    _run_prompt(h, a)
+    s = _prompt_request("s", [*PREFIX, 2])
+    _run_prompt(h, s)
+    h.swap_out(s)  # four blocks to host
+    h.next_step()
+    h.swap_in(s)
+    (copies,) = h.plan.swap_in.values()
+    assert len(copies) == 1  # the three shared with a stay on the device
+    assert m.block_ids("s")[:3] == m.block_ids("a")[:3]
+    h.check()
+    h.next_step()
+    _finish(h, a)
+    _finish(h, s)
+    assert m.num_free_blocks("tiny") == 16

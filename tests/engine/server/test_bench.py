@@ -39,20 +39,27 @@ def test_bench_prefix_reports_both_workloads_cache_on_and_off() -> None:
             conversations=2,
             turns=2,
             system_tokens=64,
-            max_tokens=2,
+            max_tokens=4,  # the last step's host copies land before the request ends
             concurrency=1,
+            rounds=1,
         )
     )
-    rows = [item.split() for item in items[3:] if isinstance(item, str)]
-    assert [tuple(r[:2]) for r in rows] == [
-        ("doc", "QA"), ("chat", "on"),
-        ("doc", "QA"), ("chat", "off"),
-        ("doc", "QA"), ("chat", "ratio"),
+    rows = [item.split() for item in items[3:11] if isinstance(item, str)]
+    names = [" ".join(r[:3]) if r[0] == "doc" else " ".join(r[:2]) for r in rows]
+    assert names == [
+        "doc QA on", "chat on", "doc QA off", "chat off", "doc QA host",
+        "doc QA on", "chat on", "doc QA host",
     ]  # fmt: skip
     # With the cache each document is computed once (its questions' last blocks aside);
     # without it, every time.
-    on, off = int(rows[0][-1]), int(rows[2][-1])
+    on, off = int(rows[0][-2]), int(rows[2][-2])
     assert on < off
     assert off == 2 * 2 * (128 + 8)
-    (figure,) = [item for item in items if isinstance(item, BenchFigure)]
-    assert figure.name == "prefix.docqa_ttft_p50_ratio" and figure.value > 0
+    assert int(rows[2][-1]) == 0  # no host hits without the cache
+    assert all(r[-1].endswith("off") for r in rows[5:])
+    docqa, host = [item for item in items if isinstance(item, BenchFigure)]
+    assert docqa.name == "prefix.docqa_ttft_p50_ratio" and docqa.value > 0
+    assert host.name == "prefix.host_hit_ttft_ratio" and host.value > 0
+    assert [str(item).split()[:2] for item in items[13:16]] == [
+        ["prefix", "recompute"], ["prefix", "host"], ["prefix", "device"],
+    ]  # fmt: skip

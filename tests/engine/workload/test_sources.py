@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,11 @@ import pytest
 from shunter.engine.loadgen.arrivals import ArrivalProcess
 from shunter.engine.loadgen.runner import build_schedule
 from shunter.engine.workload.requests import WorkloadError
-from shunter.engine.workload.sources import LengthDist, SyntheticWorkload
+from shunter.engine.workload.sources import (
+    LengthDist,
+    PrefixRepetitionWorkload,
+    SyntheticWorkload,
+)
 from shunter.engine.workload.traces import trace_workload
 
 
@@ -61,3 +66,14 @@ def test_schedule_of_a_rate_and_of_a_trace(tmp_path: Path) -> None:
     assert [t for t, _ in cycled] == pytest.approx([0, 1, 1.5, 4, 4 + 4 / 3, 5 + 4 / 3])
     cut = build_schedule(trace, None, random.Random(0), arrival=ArrivalProcess(), duration_s=7.0)
     assert [t for t, _ in cut] == pytest.approx([0, 1, 1.5, 4, 4 + 4 / 3, 5 + 4 / 3, 5.5 + 4 / 3])
+
+
+def test_prefix_repetition_shares_each_prefix_among_an_equal_share_of_requests() -> None:
+    workload = PrefixRepetitionWorkload(prefix_len=6, suffix_len=3, num_prefixes=3, output_len=5)
+    specs = workload.draw(12, random.Random(1))
+    assert workload.draw(12, random.Random(1)) == specs
+    heads = Counter(" ".join(s.prompt.split()[:6]) for s in specs)
+    assert sorted(heads.values()) == [4, 4, 4]
+    assert all(len(s.prompt.split()) == 9 and s.input_len == 9 for s in specs)
+    assert all(s.output_len == 5 for s in specs)
+    assert len({s.prompt for s in specs}) == 12  # every suffix its own
