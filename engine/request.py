@@ -56,6 +56,7 @@ class Request:
     t_arr: float
     prompt_token_ids: list[int] | None = None
     cache_salt: str | None = None
+    prompt_hashes: list[bytes] | None = None  # its prompt's full blocks', once computed
     state: RequestState = RequestState.WAITING
     num_computed_tokens: int = 0
     num_output_tokens: int = 0

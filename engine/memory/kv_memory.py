@@ -227,7 +227,13 @@ class KVMemory(Relocation):
 
     # -- paired verbs ----------------------------------------------------------------------
     def can_allocate(self, request: Request) -> bool:
-        return self._pools[request.model].can_allocate(self.num_blocks(request.num_tokens))
+        """Whether ``allocate`` succeeds now: blocks for all the request's tokens, less
+        those of its cached prefix that running requests hold (shared, they take no
+        free block; cached free ones do)."""
+        pool, need = self._pools[request.model], self.num_blocks(request.num_tokens)
+        if self._caches(request):
+            need -= pool.num_in_use(pool.lookup(self._wanted(request)))
+        return pool.can_allocate(need)
 
     def allocate(self, request: Request) -> None:
         """Device blocks for all the request's tokens. With prefix caching, the blocks
@@ -239,7 +245,7 @@ class KVMemory(Relocation):
         pool, need = self._pools[request.model], self.num_blocks(request.num_tokens)
         hashes, hits, loads = self._prompt_hits(request, pool)
         table = BlockTable(request.id, request.model, hits + pool.allocate(need - len(hits)))
-        table.hashes, table.num_published = hashes, len(hits)
+        table.hashes, table.num_published = list(hashes), len(hits)
         if loads:
             self._load(table, len(hits), loads)
         if hits or loads:
@@ -264,18 +270,37 @@ class KVMemory(Relocation):
         longest cached prefix (now shared with it), and the published host blocks that
         continue it (now held, to be copied in); nothing without prefix caching or
         token ids, or for a request that has computed tokens already."""
-        prompt = request.prompt_token_ids
-        if not self.prefix_caching or prompt is None or request.num_computed_tokens:
+        if not self._caches(request):
             return [], [], []
         bt, model = self.block_tokens, request.model
-        hashes = block_hashes(prompt, bt, chain_start(model, request.cache_salt))
-        wanted = hashes[: (request.prompt_tokens - 1) // bt]
+        hashes, wanted = self._prompt_hashes(request), self._wanted(request)
         hits = pool.lookup(wanted)
         pool.share(hits)
         loads = self.host.lookup(model, wanted[len(hits) :])
         self.host.share(model, loads)
         self.prefix_stats.record(model, request.prompt_tokens, len(hits) * bt, len(loads) * bt)
         return hashes, hits, loads
+
+    def _caches(self, request: Request) -> bool:
+        """Whether ``allocate`` looks the request's prompt up: prefix caching is on, its
+        token ids are known and it has computed nothing."""
+        return (
+            self.prefix_caching
+            and request.prompt_token_ids is not None
+            and not request.num_computed_tokens
+        )
+
+    def _prompt_hashes(self, request: Request) -> list[bytes]:
+        """The chained hashes of the prompt's full blocks (computed once per request)."""
+        if request.prompt_hashes is None:
+            assert request.prompt_token_ids is not None
+            start = chain_start(request.model, request.cache_salt)
+            request.prompt_hashes = block_hashes(request.prompt_token_ids, self.block_tokens, start)
+        return request.prompt_hashes
+
+    def _wanted(self, request: Request) -> list[bytes]:
+        """The prompt's block hashes a lookup may serve: its last token is computed."""
+        return self._prompt_hashes(request)[: (request.prompt_tokens - 1) // self.block_tokens]
 
     def can_append(self, request: Request, num_new_tokens: int) -> bool:
         """Whether blocks for ``num_new_tokens`` more computed tokens are held or free."""

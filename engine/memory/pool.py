@@ -222,6 +222,11 @@ class BlockPool:
         """Free blocks that still hold a published block's KV."""
         return len(self._cached)
 
+    def num_in_use(self, blocks: list[int]) -> int:
+        """How many of ``blocks`` (from ``lookup``) are used, not cached free."""
+        cached = self._cached
+        return sum(1 for b in blocks if b not in cached)
+
     def num_holders(self, block: int) -> int:
         """Tables holding a used block (1 unless it is shared)."""
         return 1 + self._extra_holders.get(block, 0)

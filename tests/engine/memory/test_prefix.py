@@ -301,3 +301,19 @@ def test_a_swap_in_shares_the_prefix_blocks_still_on_the_device() -> None:
     _finish(h, a)
     _finish(h, s)
     assert m.num_free_blocks("tiny") == 16
+
+
+def test_a_prefix_held_by_a_running_request_takes_no_free_block_to_admit() -> None:
+    h = Harness(kv_blocks=5, prefix_caching=True)
+    m = h.memory
+    a = _prompt_request("a", [*PREFIX, 1])  # four of the five blocks
+    _run_prompt(h, a)
+    b = _prompt_request("b", [*PREFIX, 2])  # four blocks, three of them a's
+    assert m.can_allocate(b)
+    h.requests.append(b)
+    m.allocate(b)
+    b.state = RUNNING
+    assert m.num_free_blocks("tiny") == 0 and b.num_computed_tokens == 12
+    c = _prompt_request("c", [*PREFIX[:8], 5, 5, 5, 5, 5])  # two shared, two more needed
+    assert not m.can_allocate(c)
+    h.check()
