@@ -227,7 +227,8 @@ class Model(models.Model):
 
 class Deployment(models.Model):
     """A model served on a node: its sharing mode, the SLO class and priority of its
-    requests, KV bounds, the longest context accepted, and whether it is served."""
+    requests, KV bounds, the longest context accepted, whether its tenants share cached
+    prompt prefixes, and whether it is served."""
 
     class Sharing(models.TextChoices):
         TEMPORAL = "temporal"
@@ -242,6 +243,12 @@ class Deployment(models.Model):
     kv_ceiling_bytes = models.PositiveBigIntegerField(null=True, blank=True)
     max_context = models.PositiveIntegerField(
         null=True, blank=True, validators=[MinValueValidator(1)]
+    )
+    share_prefixes = models.BooleanField(
+        default=False,
+        help_text="Let the prefix cache serve one tenant's cached prompts to another "
+        "(off: each tenant's are its own, since how fast a prompt is answered could tell "
+        "a tenant what another sent).",
     )
     enabled = models.BooleanField(default=True)
 
@@ -277,6 +284,7 @@ class Deployment(models.Model):
             sharing=self.sharing,
             priority=self.priority,
             slo=self.slo_class.name,
+            share_prefixes=self.share_prefixes,
             **self.engine_limits(),
         )
 

@@ -14,7 +14,17 @@ from typing import Any
 
 DEPLOYMENT_KEYS = frozenset({"models", "slo_classes"})
 MODEL_KEYS = frozenset(
-    {"name", "path", "sharing", "priority", "slo", "kv_floor", "kv_ceiling", "max_context"}
+    {
+        "name",
+        "path",
+        "sharing",
+        "priority",
+        "slo",
+        "kv_floor",
+        "kv_ceiling",
+        "max_context",
+        "share_prefixes",
+    }
 )
 SLO_KEYS = frozenset({"ttft_ms", "tbt_ms", "alpha", "beta_b", "beta_f"})
 # A model's limits: KV bytes kept for it alone and at most, the longest context (tokens).
@@ -39,7 +49,9 @@ class SloEntry:
 @dataclass(frozen=True)
 class ModelEntry:
     """One model to serve: its name, directory (as the engine's host sees it), sharing
-    mode, priority, SLO class, and the limits that are set (None: unset, left out)."""
+    mode, priority, SLO class, the limits that are set (None: unset, left out), and
+    whether its tenants share cached prompt prefixes (``share_prefixes``; else each
+    tenant's are its own)."""
 
     name: str
     path: str
@@ -49,6 +61,7 @@ class ModelEntry:
     kv_floor: int | None = None
     kv_ceiling: int | None = None
     max_context: int | None = None
+    share_prefixes: bool = False
 
     def to_json(self) -> dict[str, Any]:
         entry: dict[str, Any] = {
@@ -57,6 +70,7 @@ class ModelEntry:
             "sharing": self.sharing,
             "priority": self.priority,
             "slo": self.slo,
+            "share_prefixes": self.share_prefixes,
         }
         for key in LIMIT_KEYS:
             if (value := getattr(self, key)) is not None:

@@ -23,6 +23,10 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def _bool_or_none(value: Any) -> bool | None:
+    return value if isinstance(value, bool) else None
+
+
 def _int_or_none(value: Any) -> int | None:
     return int(value) if _is_number(value) else None
 
@@ -81,6 +85,7 @@ class ModelState:
     kv_floor: int | None = None
     kv_ceiling: int | None = None
     max_context: int | None = None
+    share_prefixes: bool | None = None
     active: bool = False
     kv_blocks_used: int = 0
     kv_blocks_total: int = 0
@@ -100,6 +105,7 @@ class ModelState:
             kv_floor=_int_or_none(d.get("kv_floor")),
             kv_ceiling=_int_or_none(d.get("kv_ceiling")),
             max_context=_int_or_none(d.get("max_context")),
+            share_prefixes=_bool_or_none(d.get("share_prefixes")),
             active=d.get("active") is True,
             kv_blocks_used=_int(d.get("kv_blocks_used")),
             kv_blocks_total=_int(d.get("kv_blocks_total")),

@@ -3,11 +3,12 @@
 The body is the models part of the engine's settings (as in ``deploy/engine.toml``)::
 
     {"models": [{"name", "path", "sharing", "priority", "slo", "kv_floor", "kv_ceiling",
-                 "max_context"}], "slo_classes": {...}}
+                 "max_context", "share_prefixes"}], "slo_classes": {...}}
 
 Models whose name and directory stay are kept. When only their sharing mode, priority,
-SLO class, KV bounds or ``max_context`` change, the running scheduler takes them between
-two steps and nothing stops (live requests keep the SLO class they arrived with).
+SLO class, KV bounds, ``max_context`` or ``share_prefixes`` change, the running scheduler
+takes them between two steps and nothing stops (live requests keep the SLO class they
+arrived with; requests from then on are salted by the new ``share_prefixes``).
 
 Adding, removing or reloading (a new directory) a model touches that model alone: every
 other model's requests go on as they are. The added models' weights are read from disk

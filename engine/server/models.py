@@ -30,7 +30,9 @@ class ModelArg:
     SLO class of its requests (None: the engine's default), its KV bounds in bytes
     (``kv_floor`` kept for it alone, None: none; ``kv_ceiling`` None: unbounded) and
     ``max_context``, the most tokens (prompt plus output) a request may take (None: the
-    model's own context length; a larger value is cut to it)."""
+    model's own context length; a larger value is cut to it). With ``share_prefixes``
+    the prefix cache serves one tenant's cached prompts to another (else each tenant's
+    are its own: how fast a prompt is answered could tell a tenant what another sent)."""
 
     name: str
     path: Path
@@ -40,6 +42,7 @@ class ModelArg:
     kv_floor: int | None = None
     kv_ceiling: int | None = None
     max_context: int | None = None
+    share_prefixes: bool = False
 
     def __post_init__(self) -> None:
         if self.sharing not in SHARING_MODES:

@@ -100,8 +100,7 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
         request.headers.get(SLO_HEADER), state.slo_of(name), state.settings.slo_classes
     )
     tenant = request.headers.get(TENANT_HEADER, "")
-    across = state.settings.share_prefixes_across_tenants
-    salt = request_salt(tenant, gen.cache_salt, across_tenants=across)
+    salt = request_salt(tenant, gen.cache_salt, across_tenants=served.arg.share_prefixes)
     call = Call(chat, request[REQUEST_ID], served, extras, gen.logprobs_shown, gen.structure)
     loop = asyncio.get_running_loop()
     sink: asyncio.Queue[tuple[int, Delta]] = asyncio.Queue()

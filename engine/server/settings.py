@@ -28,7 +28,6 @@ TOP_KEYS = {
     "policy",
     "remap",
     "prefix_caching",
-    "share_prefixes_across_tenants",
     "capacity_order",
     "grace_s",
     "max_sequences_per_request",
@@ -52,8 +51,7 @@ class EngineSettings:
     (None: derived from the models' SLO classes, see ``serve.step_target_s``).
     ``prefix_caching`` shares the KV of prompts' common prefixes between requests of a
     model (on by default, as in vLLM); only between requests of one tenant (the
-    gateway's tenant header) unless ``share_prefixes_across_tenants``: how fast a prompt
-    is served could tell one tenant what another sent."""
+    gateway's tenant header) unless the model's ``share_prefixes``."""
 
     models: tuple[ModelArg, ...]
     device: str | None = None
@@ -70,7 +68,6 @@ class EngineSettings:
     max_sequences_per_request: int = MAX_SEQUENCES
     step_target_s: float | None = None
     prefix_caching: bool = True
-    share_prefixes_across_tenants: bool = False
 
 
 def load_settings(config: Path | None, model_flags: Sequence[str]) -> EngineSettings:
@@ -114,13 +111,8 @@ def settings_from_dict(
     if not isinstance(remap, bool):
         raise SettingsError(f"{where}: remap must be true or false")
     prefix_caching = data.get("prefix_caching", True)
-    across = data.get("share_prefixes_across_tenants", False)
-    for key, value in (
-        ("prefix_caching", prefix_caching),
-        ("share_prefixes_across_tenants", across),
-    ):
-        if not isinstance(value, bool):
-            raise SettingsError(f"{where}: {key} must be true or false")
+    if not isinstance(prefix_caching, bool):
+        raise SettingsError(f"{where}: prefix_caching must be true or false")
     order = data.get("capacity_order", list(CAPACITY_SOURCES))
     if not isinstance(order, list):
         raise SettingsError(f"{where}: capacity_order must be a list")
@@ -148,7 +140,6 @@ def settings_from_dict(
         max_sequences_per_request=max_sequences or MAX_SEQUENCES,
         step_target_s=None if step_target_ms is None else step_target_ms / 1000,
         prefix_caching=prefix_caching,
-        share_prefixes_across_tenants=across,
     )
 
 
@@ -208,6 +199,9 @@ def _model(spec: Any, slos: dict[str, SloSpec], where: str) -> ModelArg:
     slo = spec.get("slo")
     if slo is not None and slo not in slos:
         raise SettingsError(f"{where}: unknown SLO class {slo!r}")
+    share_prefixes = spec.get("share_prefixes", False)
+    if not isinstance(share_prefixes, bool):
+        raise SettingsError(f"{where}: share_prefixes must be true or false")
     try:
         return ModelArg(
             name=str(spec["name"]),
@@ -218,6 +212,7 @@ def _model(spec: Any, slos: dict[str, SloSpec], where: str) -> ModelArg:
             kv_floor=_bytes(spec, "kv_floor", where),
             kv_ceiling=_bytes(spec, "kv_ceiling", where),
             max_context=_typed(spec, "max_context", int, where),
+            share_prefixes=share_prefixes,
         )
     except (TypeError, ValueError) as e:
         raise SettingsError(f"{where}: {e}") from None

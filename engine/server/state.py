@@ -69,9 +69,9 @@ def engine_state(loop: EngineLoop, models: Mapping[str, ServedModel]) -> dict[st
 
 
 def with_config(state: EngineState, models: Mapping[str, ServedModel]) -> EngineState:
-    """``state`` with each model's sharing, priority, KV bounds and ``max_context`` as
-    configured (None where unset). A model the server no longer lists (a reload under
-    way) keeps them None."""
+    """``state`` with each model's sharing, priority, KV bounds, ``max_context`` and
+    ``share_prefixes`` as configured (None where unset). A model the server no longer
+    lists (a reload under way) keeps them None."""
     per_model = {}
     for name, model in state.models.items():
         served = models.get(name)
@@ -84,6 +84,7 @@ def with_config(state: EngineState, models: Mapping[str, ServedModel]) -> Engine
                 kv_floor=arg.kv_floor,
                 kv_ceiling=arg.kv_ceiling,
                 max_context=arg.max_context,
+                share_prefixes=arg.share_prefixes,
             )
         per_model[name] = model
     return dataclasses.replace(state, models=per_model)

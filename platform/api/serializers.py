@@ -156,6 +156,7 @@ class DeploymentSerializer(ServiceSerializer):
             "kv_floor_bytes",
             "kv_ceiling_bytes",
             "max_context",
+            "share_prefixes",
             "enabled",
         ]
         extra_kwargs = {"priority": {"min_value": -(2**31), "max_value": 2**31 - 1}}

@@ -143,6 +143,7 @@ DEPLOYMENT_FIELDS = {
     "kv_floor_bytes",
     "kv_ceiling_bytes",
     "max_context",
+    "share_prefixes",
     "enabled",
 }
 

@@ -80,8 +80,9 @@ def node_reconcile(*, node: Node) -> Reconciled:
 
 def served_set(state: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Model name -> what an engine's ``/admin/state`` reports of it: ``sharing``,
-    ``priority``, and those of ``kv_floor``, ``kv_ceiling``, ``max_context`` it reports
-    (null when unset; a key it does not report is left out)."""
+    ``priority``, ``share_prefixes`` (false unless reported true), and those of
+    ``kv_floor``, ``kv_ceiling``, ``max_context`` it reports (null when unset; a key it
+    does not report is left out)."""
     models = state.get("models")
     if not isinstance(models, dict):
         return {}
@@ -89,7 +90,11 @@ def served_set(state: dict[str, Any]) -> dict[str, dict[str, Any]]:
     for name, info in models.items():
         if not isinstance(info, dict):
             continue
-        entry = {"sharing": str(info.get("sharing")), "priority": _as_int(info.get("priority", 0))}
+        entry = {
+            "sharing": str(info.get("sharing")),
+            "priority": _as_int(info.get("priority", 0)),
+            "share_prefixes": info.get("share_prefixes") is True,
+        }
         for key in LIMIT_KEYS:
             if key in info:
                 entry[key] = _as_int(info[key])
@@ -108,7 +113,12 @@ def desired_set(deployments: Sequence[Deployment]) -> dict[str, dict[str, Any]]:
     """Model name -> what the engine should report of it (``served_set``'s shape, with
     every limit key)."""
     return {
-        d.model.name: {"sharing": d.sharing, "priority": d.priority, **d.engine_limits()}
+        d.model.name: {
+            "sharing": d.sharing,
+            "priority": d.priority,
+            "share_prefixes": d.share_prefixes,
+            **d.engine_limits(),
+        }
         for d in deployments
     }
 

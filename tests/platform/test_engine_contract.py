@@ -59,6 +59,7 @@ def test_engine_entry_carries_the_limits_that_are_set() -> None:
         "sharing": "spatial",
         "priority": 0,
         "slo": "standard",
+        "share_prefixes": False,
     }
     d.kv_floor_bytes, d.kv_ceiling_bytes, d.max_context = 1 << 20, 1 << 30, 256
     body = desired_body([d])

@@ -4,6 +4,7 @@ tenants (and cache salts) never share KV unless the deployment allows it."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from tests.engine.server.conftest import TOKEN, ServerThread, assert_no_leaks, request
 from tests.engine.server.test_metrics import _samples
@@ -59,3 +60,30 @@ def test_an_empty_cache_salt_is_refused(server: ServerThread) -> None:
     )
     assert r.status_code == 400
     assert r.json()["error"]["param"] == "cache_salt"
+
+
+def test_a_model_that_shares_prefixes_serves_one_tenants_prompt_to_another(
+    server: ServerThread, model_dirs: dict[str, Path]
+) -> None:
+    def deploy(share: bool) -> None:
+        body = {
+            "models": [
+                {"name": "llama", "path": str(model_dirs["tiny-llama"]), "sharing": "temporal"},
+                {"name": "qwen", "path": str(model_dirs["tiny-qwen2"]), "share_prefixes": share},
+            ]
+        }
+        r = request(
+            "PUT", server.url + "/admin/deployments", body=json.dumps(body).encode(), headers=AUTH
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["rebuilt"] is False
+
+    deploy(True)
+    try:
+        assert server.engine_state()["models"]["qwen"]["share_prefixes"] is True
+        _complete(server, "share-a")
+        assert _hits(server, {"tenant": "share-b"}) == (40, 32)
+        assert _hits(server, {"tenant": "share-b", "cache_salt": "own"}) == (40, 0)
+    finally:
+        deploy(False)
+    assert _hits(server, {"tenant": "share-c"}) == (40, 0)
