@@ -126,6 +126,11 @@ class ServerMetrics:
             "shunter:prefix_cache_host_hits",
             "Prefix cache hits found in host memory (copied in, not recomputed), in tokens.",
         )
+        # vLLM V0's name for the share of queried tokens found cached (production-stack's
+        # dashboard reads it).
+        self.prefix_hit_rate = gauge(
+            "vllm:gpu_prefix_cache_hit_rate", "GPU prefix cache block hit rate."
+        )
         self._prefix_seen: dict[str, tuple[int, int, int]] = {}
         self.requests = Counter(
             "vllm:request_success",
@@ -341,6 +346,7 @@ class ServerMetrics:
                 self.prefix_queries.labels(model).inc(queried - seen_queries)
                 self.prefix_hits.labels(model).inc(hit - seen_hits)
                 self.prefix_host_hits.labels(model).inc(host - seen_host)
+                self.prefix_hit_rate.labels(model).set(hit / queried)
                 self._prefix_seen[model] = (queried, hit, host)
 
     def on_step(self, duration_s: float, tokens_by_model: dict[str, int]) -> None:
@@ -358,6 +364,7 @@ class ServerMetrics:
             self.gpu_cache_usage,
             self.rotary,
             self.remapped_layers,
+            self.prefix_hit_rate,
         )
         for gauge in gauges:
             with contextlib.suppress(KeyError):

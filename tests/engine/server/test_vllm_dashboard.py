@@ -52,9 +52,8 @@ MORE_SERIES = (
 )
 # What the engine-side panels of vllm-project/production-stack's dashboard
 # (observability/vllm-dashboard.json) read beyond the stock set. Its other panels read
-# its router (vllm:healthy_pods_total, vllm:current_qps), node-exporter recording rules,
-# and vllm:gpu_prefix_cache_hit_rate, which a prefix cache would report: the engine has
-# none yet.
+# its router (vllm:healthy_pods_total, vllm:current_qps) and node-exporter recording
+# rules.
 PRODUCTION_STACK_SERIES = (
     "vllm:e2e_request_latency_seconds_sum",
     "vllm:e2e_request_latency_seconds_count",
@@ -66,6 +65,7 @@ PRODUCTION_STACK_SERIES = (
     "vllm:num_requests_waiting",
     "vllm:num_requests_swapped",
     "vllm:gpu_cache_usage_perc",
+    "vllm:gpu_prefix_cache_hit_rate",
 )
 
 
