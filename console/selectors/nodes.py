@@ -8,7 +8,7 @@ from typing import Any, TypedDict
 
 from shunter.console import figures
 from shunter.console.memory_map import memory_map
-from shunter.engine.api.state import EngineState
+from shunter.engine.api.state import EngineState, ModelState
 from shunter.platform.models import Node
 from shunter.platform.selectors import node_list
 
@@ -38,6 +38,17 @@ def _host_weight_bytes(node: Node) -> dict[str, int]:
     return {d.model.name: d.model.param_bytes for d in node.deployments.all()}
 
 
+def prefix_hits(info: ModelState) -> str:
+    """The share of queried prompt tokens the prefix cache served, and of those the
+    share found in host memory ("62% (18% host)"); "-" before any query."""
+    if not info.prefix_queries:
+        return "-"
+    hit = 100 * info.prefix_hits / info.prefix_queries
+    if not info.prefix_host_hits:
+        return f"{hit:.0f}%"
+    return f"{hit:.0f}% ({100 * info.prefix_host_hits / info.prefix_hits:.0f}% host)"
+
+
 def node_view(node: Node) -> NodeView:
     """What the node page shows, from the node's cached engine state (no query when its
     deployments and their models are prefetched). ``rates`` stays None here: they need
@@ -65,6 +76,7 @@ def node_view(node: Node) -> NodeView:
                 "remapped_layers": len(info.remapped_layers),
                 "weight_bytes_remapped": info.weight_bytes_remapped,
                 "host_swap_blocks_used": info.host_swap_blocks_used,
+                "prefix_hits": prefix_hits(info),
                 **requests[name],
             }
         )

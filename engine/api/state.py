@@ -78,7 +78,8 @@ class RequestCounts:
 class ModelState:
     """One served model: its configuration as the engine holds it (None where unset or
     unknown), whether it may run now (spatial, or holding the turn), its KV blocks,
-    weight bytes resident and lent to KV (``remapped_layers``), requests and host swap."""
+    weight bytes resident and lent to KV (``remapped_layers``), requests, host swap and
+    the prefix cache."""
 
     sharing: str | None = None
     priority: int | None = None
@@ -95,6 +96,13 @@ class ModelState:
     weight_bytes_remapped: int = 0
     requests: RequestCounts = field(default_factory=RequestCounts)
     host_swap_blocks_used: int = 0
+    # The prefix cache since the engine started: prompt tokens looked up, found (on the
+    # device or in host memory) and found in host memory; blocks cached on each tier.
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    prefix_host_hits: int = 0
+    prefix_cached_blocks: int = 0
+    prefix_host_cached_blocks: int = 0
 
     @classmethod
     def parse(cls, value: Any) -> ModelState:
@@ -115,6 +123,11 @@ class ModelState:
             weight_bytes_remapped=_int(d.get("weight_bytes_remapped")),
             requests=RequestCounts.parse(d.get("requests")),
             host_swap_blocks_used=_int(d.get("host_swap_blocks_used")),
+            prefix_queries=_int(d.get("prefix_queries")),
+            prefix_hits=_int(d.get("prefix_hits")),
+            prefix_host_hits=_int(d.get("prefix_host_hits")),
+            prefix_cached_blocks=_int(d.get("prefix_cached_blocks")),
+            prefix_host_cached_blocks=_int(d.get("prefix_host_cached_blocks")),
         )
 
 

@@ -162,6 +162,10 @@ class KVMemory(Relocation):
         total = pool.num_total
         return 1.0 if total == 0 else 1.0 - pool.num_free / total
 
+    def num_cached_blocks(self, model: str) -> int:
+        """Free device blocks of the model that still hold a cached prefix block."""
+        return self._pools[model].num_cached
+
     def _occupancy(self, model: str) -> float:
         """``usage``, counting cached prefix blocks as occupied."""
         pool = self._pools[model]

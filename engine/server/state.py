@@ -102,6 +102,7 @@ def state_of(loop: EngineLoop) -> EngineState:
     tenancy = scheduler.tenancy
     arena = memory.arena
     owners = arena.counts()
+    prefix = memory.prefix_stats
     per_model = {}
     for name, q in scheduler.queues.items():
         remapped = memory.remapped_layers(name)
@@ -122,6 +123,11 @@ def state_of(loop: EngineLoop) -> EngineState:
                 rotary=len(q.rotary) + len(q.landing),
             ),
             host_swap_blocks_used=memory.host.num_used(name),
+            prefix_queries=prefix.queries.get(name, 0),
+            prefix_hits=prefix.hits.get(name, 0),
+            prefix_host_hits=prefix.host_hits.get(name, 0),
+            prefix_cached_blocks=memory.num_cached_blocks(name),
+            prefix_host_cached_blocks=memory.host.num_cached(name),
         )
     pages: Counter[str] = Counter({"free": 0})  # listed even when every page is taken
     for owner, n in owners.items():

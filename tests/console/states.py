@@ -29,6 +29,11 @@ def engine_like_state() -> dict[str, Any]:
                 "weight_bytes_remapped": 9 * PAGE,
                 "requests": {"waiting": 2, "running": 4, "rotary": 1},
                 "host_swap_blocks_used": 6,
+                "prefix_queries": 4000,
+                "prefix_hits": 2480,
+                "prefix_host_hits": 450,
+                "prefix_cached_blocks": 12,
+                "prefix_host_cached_blocks": 40,
             },
             "qwen": {
                 "sharing": "spatial",

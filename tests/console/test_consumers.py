@@ -146,6 +146,8 @@ async def test_node_page_gets_steps_rates_and_requests_as_deltas(
     snapshot = (await ws.receive_json_from(timeout=10))["data"]
     assert snapshot["turn_holder"] == "llama"
     assert snapshot["memory_figure"]["data"]
+    prefix = {m["name"]: m["prefix_hits"] for m in snapshot["models"]}
+    assert prefix == {"llama": "62% (18% host)", "qwen": "-"}
     last_step = snapshot["steps"][-1][0]
     # The broadcaster's first tick has no earlier snapshot: it sends the whole view.
     first = (await receive_until(ws, lambda m: m["type"] == "delta"))["data"]

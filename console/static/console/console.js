@@ -252,7 +252,7 @@
           [m.name, ""], [m.sharing, ""], [m.priority, "num"], [m.active ? "yes" : "no", ""],
           [m.running, "num"], [m.waiting, "num"], [m.rotary, "num"],
           [m.kv_blocks_used + " / " + m.kv_blocks_total, "num"], [m.remapped_layers, "num"],
-          [m.host_swap_blocks_used, "num"]
+          [m.host_swap_blocks_used, "num"], [m.prefix_hits, "num"]
         ].forEach(function (cell) {
           var td = document.createElement("td");
           td.textContent = String(cell[0]);
