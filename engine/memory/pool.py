@@ -162,9 +162,14 @@ class BlockPool:
         # Held free blocks first: counting claimable chunks asks the arena.
         return n <= len(self._free) or n <= self.num_free
 
-    def allocate(self, n: int) -> list[int]:
-        """``n`` free blocks. Raises MemoryError if there are fewer."""
-        if self._cached:
+    def allocate(self, n: int, *, claim: bool = True) -> list[int]:
+        """``n`` free blocks. Raises MemoryError if there are fewer. Without ``claim``
+        only held blocks (``num_held_free``) are taken: cached ones are evicted rather
+        than a chunk claimed (a compaction must not grow the pool it shrinks)."""
+        if not claim:
+            if n > len(self._free):
+                raise MemoryError(f"model {self.model!r}: too few held free blocks")
+        elif self._cached:
             self._claim_before_evicting(n)
         elif len(self._free) < n:
             self.claim(-(-(n - len(self._free)) // self.blocks_per_chunk))

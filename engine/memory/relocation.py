@@ -181,7 +181,7 @@ class Relocation:
                 continue
             moves = plan.moves.setdefault(model, [])
             self._inflight.touch(plan.step)
-            dsts = pool.allocate(len(blocks))
+            dsts = pool.allocate(len(blocks), claim=claim)
             for (src, places), dst in zip(blocks.items(), dsts, strict=True):
                 moved_here[dst] = src
                 moves.append(BlockMove(src, dst))

@@ -317,3 +317,23 @@ def test_a_prefix_held_by_a_running_request_takes_no_free_block_to_admit() -> No
     c = _prompt_request("c", [*PREFIX[:8], 5, 5, 5, 5, 5])  # two shared, two more needed
     assert not m.can_allocate(c)
     h.check()
+
+
+def test_compaction_evicts_cached_blocks_rather_than_claim_a_chunk() -> None:
+    half = dataclasses.replace(TINY, name="half", num_layers=1)  # two blocks per page
+    h = Harness(kv_blocks=8, models=(TINY, half), prefix_caching=True)
+    m = h.memory
+    h.running("f0", prompt=4, computed=4, model="half")
+    p = _prompt_request("p", [*PREFIX[:4], 1], model="half")
+    _run_prompt(h, p)
+    h.running("f1", prompt=8, computed=8, model="half")
+    _finish(h, p)  # its head block stays cached, its tail one is free
+    h.running("f2", prompt=4, computed=4, model="half")
+    assert [m.block_ids(r) for r in ("f0", "f1", "f2")] == [[0], [3, 4], [2]]
+    free_pages = m.arena.num_free_pages
+    m.compact("half")  # chunk 2 drains: block 4 moves into the cached block 1
+    (move,) = h.plan.moves["half"]
+    assert move == (4, 1) and m.arena.num_free_pages == free_pages  # nothing claimed
+    h.next_step()
+    assert m.arena.num_free_pages == free_pages + 1  # chunk 2 went back
+    h.check()
