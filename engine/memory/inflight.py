@@ -19,7 +19,8 @@ class InFlight:
     def __init__(self) -> None:
         self._incomplete: set[int] = set()
         self._swap_blocks: dict[int, dict[str, int]] = {}  # step -> model -> swap blocks
-        self._landing: dict[int, list[tuple[BlockTable, int]]] = {}
+        # step -> (table, blocks copied up to, of those the full ones) landing then
+        self._landing: dict[int, list[tuple[BlockTable, int, int]]] = {}
         self._device_frees: dict[int, Frees] = {}
         self._host_frees: dict[int, Frees] = {}
 
@@ -57,23 +58,27 @@ class InFlight:
         return total
 
     def land(self, table: BlockTable, end: int, step: int) -> None:
-        """D2H copies of ``step`` make the table's host copies valid up to ``end``."""
+        """D2H copies of ``step`` (of full blocks) make the table's host copies valid up
+        to ``end``."""
         self._incomplete.add(step)
         landing = self._landing.get(step)
         if landing is None:
             landing = self._landing[step] = []
-        landing.append((table, end))
+        landing.append((table, end, end))
 
-    def copy_out(self, step: int, table: BlockTable, end: int, sources: list[int]) -> None:
+    def copy_out(
+        self, step: int, table: BlockTable, end: int, full: int, sources: list[int]
+    ) -> None:
         """A preemption's D2H copies in ``step``: the table's ``sources`` device blocks,
-        its blocks up to ``end``. They count as swap copies (``count_swaps``), make its
-        host copies valid up to ``end`` when they land (``land``), and free ``sources``
-        then (``defer_device``). One call: LVF preempts many requests every step."""
+        its blocks up to ``end`` (the first ``full`` of them full). They count as swap
+        copies (``count_swaps``), make its host copies valid up to ``end`` when they
+        land (``land``), and free ``sources`` then (``defer_device``). One call: LVF
+        preempts many requests every step."""
         self._incomplete.add(step)
         landing = self._landing.get(step)
         if landing is None:
             landing = self._landing[step] = []
-        landing.append((table, end))
+        landing.append((table, end, full))
         model = table.model
         counts = self._swap_blocks.get(step)
         if counts is None:
@@ -87,15 +92,19 @@ class InFlight:
     def defer_host(self, step: int, model: str, ids: list[int]) -> None:
         _defer(self._host_frees, step, model, ids)
 
-    def complete(self, step: int) -> tuple[Frees, Frees]:
-        """Lift the fences of ``step``; return its deferred (device, host) frees."""
+    def complete(self, step: int) -> tuple[Frees, Frees, list[tuple[BlockTable, int]]]:
+        """Lift the fences of ``step``; return its deferred (device, host) frees and
+        the tables whose host copies landed, each with how many of its leading host
+        blocks now hold landed copies of full blocks."""
         if step not in self._incomplete:
-            return {}, {}
+            return {}, {}, []
         self._incomplete.discard(step)
         self._swap_blocks.pop(step, None)
-        for table, end in self._landing.pop(step, []):
+        landed = []
+        for table, end, full in self._landing.pop(step, []):
             table.num_host_valid = max(table.num_host_valid, end)
-        return self._device_frees.pop(step, {}), self._host_frees.pop(step, {})
+            landed.append((table, min(full, table.num_host_valid)))
+        return self._device_frees.pop(step, {}), self._host_frees.pop(step, {}), landed
 
     def num_deferred_devices(self, model: str) -> int:
         return sum(len(frees.get(model, ())) for frees in self._device_frees.values())

@@ -204,9 +204,17 @@ class KVMemory(Relocation):
         self._plan = None
 
     def complete(self, steps: Iterable[int]) -> None:
-        """Steps whose copies completed: land host copies, do the deferred frees."""
+        """Steps whose copies completed: land host copies (publishing those of full
+        blocks to the prefix cache's host tier), do the deferred frees."""
         for step in steps:
-            devices, hosts = self._inflight.complete(step)
+            devices, hosts, landed = self._inflight.complete(step)
+            for table, full in landed:
+                # Only copies made of full blocks: a preempted request's partial last
+                # block has a prompt hash already, but its copy is not that block yet.
+                n = min(full, len(table.hashes))
+                if n > table.num_host_published:
+                    self.host.publish(table.model, table.hosts[:n], table.hashes[:n])
+                    table.num_host_published = n
             for model, ids in devices.items():
                 self._pools[model].free(ids)
             for model, ids in hosts.items():
@@ -341,6 +349,7 @@ class KVMemory(Relocation):
             raise RuntimeError("copies are planned between begin_step and end_step")
         model, devices, hosts = table.model, table.devices, table.hosts
         keep = -(-request.num_computed_tokens // self.block_tokens)
+        self._adopt_host_copies(table, request.num_computed_tokens // self.block_tokens)
         valid, copied = table.num_host_valid, table.num_host_copied
         if keep > len(hosts):
             hosts += self.host.allocate(model, keep - len(hosts))
@@ -358,12 +367,28 @@ class KVMemory(Relocation):
             sources = devices[copied:keep]
             reads = self._copy_sources(model, sources)
             _batch(plan.swap_out, model).extend(reads, hosts[copied:keep])
-            inflight.copy_out(plan.step, table, keep, sources)
+            full = request.num_computed_tokens // self.block_tokens
+            inflight.copy_out(plan.step, table, keep, full, sources)
             table.d2h_step = plan.step
         table.num_host_copied = keep
         table.devices = []
         self._unrotated.pop(table.request_id, None)
         return not inflight.is_pending(table.d2h_step)
+
+    def _adopt_host_copies(self, table: BlockTable, end: int) -> None:
+        """With prefix caching, take a hold of the host copies already published (by
+        any request) of the table's next blocks up to ``end`` (full ones: a host block
+        of a block still written would be copied into again), instead of copying them
+        again: a shared block goes to host once for all its holders. Only while every
+        host block the table has is a landed copy (``hosts`` is a prefix)."""
+        hosts, n = table.hosts, len(table.hosts)
+        if not table.hashes or not table.num_host_valid == table.num_host_copied == n:
+            return
+        found = self.host.lookup(table.model, table.hashes[n : min(end, len(table.hashes))])
+        if found:
+            self.host.share(table.model, found)
+            hosts += found
+            table.num_host_valid = table.num_host_copied = table.num_host_published = len(hosts)
 
     def has_landed(self, request: Request) -> bool:
         """Whether a ROTARY request's host copies are all complete (it may swap in)."""
@@ -417,7 +442,8 @@ class KVMemory(Relocation):
         prefix caching its leading blocks still published on the device (another
         holder's, or cached) are shared instead of copied in again."""
         model, plan, hosts = table.model, self._current(), table.hosts
-        shared = pool.lookup(table.hashes[: len(hosts)]) if table.hashes else []
+        full = min(len(hosts), table.num_computed // self.block_tokens)
+        shared = pool.lookup(table.hashes[:full]) if table.hashes else []
         pool.share(shared)
         devices = shared + pool.allocate(need - len(shared))
         k = len(shared)
@@ -433,9 +459,6 @@ class KVMemory(Relocation):
             return
         self._unrotated.pop(request.id, None)
         fence = self._fence(table.d2h_step, table.h2d_step, table.move_step)
-        if table.hashes and table.num_host_valid:  # landed host copies of full blocks
-            n = min(table.num_host_valid, len(table.hashes))
-            self.host.publish(table.model, table.hosts[:n], table.hashes[:n])
         if fence is None:
             self._pools[table.model].free(table.devices)
             self.host.free(table.model, table.hosts)
@@ -461,6 +484,18 @@ class KVMemory(Relocation):
         if full > table.num_host_copied:
             self._unrotated[request.id] = table
         if full > table.num_published and self.prefix_caching:
+            self._publish(request, table, full)
+
+    def publish_scheduled(self, request: Request, num_new_tokens: int) -> None:
+        """This step computes ``num_new_tokens`` more of a RUNNING request's tokens:
+        offer the blocks they fill to the prefix cache now, so that a request admitted
+        later in the same step shares them. A forward pass writes every sequence's KV of
+        a layer before any reads it, so the sharer reads them in the same pass."""
+        if not self.prefix_caching:
+            return
+        table = self._tables[request.id]
+        full = (request.num_computed_tokens + num_new_tokens) // self.block_tokens
+        if full > table.num_published:
             self._publish(request, table, full)
 
     def _publish(self, request: Request, table: BlockTable, full: int) -> None:
@@ -501,6 +536,7 @@ class KVMemory(Relocation):
             model = table.model
             if model not in hot:
                 continue
+            self._adopt_host_copies(table, table.num_computed // bt)
             start = table.num_host_copied
             end = min(table.num_computed // bt, start + budget - queued)
             if end > len(table.hosts):

@@ -52,6 +52,7 @@ class BlockTable:
         "move_step",
         "num_computed",
         "num_host_copied",
+        "num_host_published",
         "num_host_valid",
         "num_published",
         "request_id",
@@ -70,6 +71,7 @@ class BlockTable:
         self.move_step = NO_STEP
         self.hashes: list[bytes] = []  # prefix caching: hash of each full block known
         self.num_published = 0  # leading blocks offered to the prefix cache
+        self.num_host_published = 0  # leading host copies offered to its host tier
 
     @property
     def on_device(self) -> bool:

@@ -173,6 +173,7 @@ class Admission:
             room = min(left.get(r.model, 0), running.get(r.model, 0))
             if r.state is RUNNING and room > 0:
                 chunk = add_chunk(plan, r, room)
+                self.memory.publish_scheduled(r, chunk)
                 left[r.model] -= chunk
                 running[r.model] -= chunk
 
@@ -235,6 +236,7 @@ class Admission:
             plan.admitted.append(r.id)
             if self.memory.is_resident(r):
                 used = add_chunk(plan, r, tokens)
+                self.memory.publish_scheduled(r, used)
             else:  # its cached prefix is copied in from host first: it joins like a swap-in
                 plan.prefix_loads.append(r.id)
                 self._joining.append(r)

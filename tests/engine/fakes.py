@@ -168,6 +168,12 @@ class FakeExecutor(Executor):
             for move in moves:
                 held = contents.device.get((model, move.src), contents.empty())
                 contents.device[model, move.dst] = list(held)
+        # As a forward pass does layer by layer: every entry's KV is written, then read.
+        for e in plan.batch:
+            table = memory.block_ids(e.request_id)
+            for pos in range(e.num_computed_tokens, e.num_computed_tokens + e.num_tokens):
+                block = contents.device.setdefault((e.model, table[pos // bt]), contents.empty())
+                block[pos % bt] = tag(e.request_id, pos)
         for e in plan.batch:
             table = memory.block_ids(e.request_id)
             for pos in range(e.num_computed_tokens):
@@ -175,9 +181,6 @@ class FakeExecutor(Executor):
                 assert held[pos % bt] == tag(e.request_id, pos), (
                     f"step {plan.step}: {e.request_id} token {pos} reads {held[pos % bt]}"
                 )
-            for pos in range(e.num_computed_tokens, e.num_computed_tokens + e.num_tokens):
-                block = contents.device.setdefault((e.model, table[pos // bt]), contents.empty())
-                block[pos % bt] = tag(e.request_id, pos)
 
 
 class FakeTransfers(Transfers):

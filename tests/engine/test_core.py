@@ -251,7 +251,7 @@ def test_prefix_caching_keeps_every_request_whole_and_memory_consistent() -> Non
     of its own prefix, and prompts do hit, on the device and in host memory."""
     hits = host_hits = 0
 
-    @settings(max_examples=120, deadline=None)
+    @settings(max_examples=300, deadline=None)
     # A prompt whose device blocks another filled over after it ended, asked again:
     # its prefix comes back from host memory (the count below never rests on chance).
     @example(

@@ -337,3 +337,43 @@ def test_compaction_evicts_cached_blocks_rather_than_claim_a_chunk() -> None:
     h.next_step()
     assert m.arena.num_free_pages == free_pages + 1  # chunk 2 went back
     h.check()
+
+
+def test_a_shared_block_goes_to_host_once_for_all_its_holders() -> None:
+    h = Harness(kv_blocks=16, prefix_caching=True)
+    m = h.memory
+    a = _prompt_request("a", [*PREFIX, 1])
+    _run_prompt(h, a)
+    s = _prompt_request("s", [*PREFIX, 2])
+    _run_prompt(h, s)
+    h.swap_out(a)
+    assert len(h.plan.swap_out["tiny"]) == 4
+    h.next_step()  # a's copies land: its full blocks' copies join the host tier
+    h.swap_out(s)
+    assert len(h.plan.swap_out["tiny"]) == 1  # only its own last block
+    assert m.host.num_used("tiny") == 5
+    h.check()
+    h.next_step()
+    h.swap_in(s)
+    h.next_step()
+    _finish(h, s)
+    h.swap_in(a)
+    h.next_step()
+    _finish(h, a)
+    assert m.host.used_bytes == 0 and m.host.num_cached("tiny") == 3
+
+
+def test_the_host_copy_of_a_partly_computed_prompt_block_is_not_published() -> None:
+    h = Harness(kv_blocks=16, prefix_caching=True)
+    m = h.memory
+    a = _prompt_request("a", [*PREFIX, 1])
+    h.requests.append(a)
+    m.allocate(a)
+    a.state = RUNNING
+    a.num_computed_tokens = 10  # a chunk: blocks 0 and 1 full, block 2 half written
+    m.mark_computed(a)
+    h.swap_out(a)  # its three blocks go to host, block 2 as it is
+    h.next_step()
+    hashes = block_hashes(PREFIX, 4, chain_start("tiny", None))
+    assert len(m.host.lookup("tiny", hashes)) == 2
+    h.check()

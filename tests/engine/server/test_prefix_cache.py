@@ -87,3 +87,19 @@ def test_a_model_that_shares_prefixes_serves_one_tenants_prompt_to_another(
     finally:
         deploy(False)
     assert _hits(server, {"tenant": "share-c"}) == (40, 0)
+
+
+def test_n_choices_of_one_prompt_compute_its_full_blocks_once(server: ServerThread) -> None:
+    prompt = list(range(300, 340))  # a prompt no other test sends
+    before = _samples(server)
+    body = {"model": "qwen", "prompt": prompt, "max_tokens": 2, "n": 4, "temperature": 0}
+    r = request(
+        "POST", server.url + "/v1/completions", body=json.dumps(body).encode(), headers=AUTH
+    )
+    assert r.status_code == 200, r.text
+    after = _samples(server)
+    hits = after[("vllm:prefix_cache_hits_total", QWEN)] - before.get(
+        ("vllm:prefix_cache_hits_total", QWEN), 0.0
+    )
+    assert hits == 3 * 32  # the three later sequences share the first one's two blocks
+    assert_no_leaks(server.wait_idle())
