@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable
-from itertools import filterfalse
+from collections.abc import Callable, Container
+from itertools import chain, filterfalse
 
 from shunter.engine.memory.arena import Arena, PageOwner
 from shunter.engine.memory.prefix import BlockHash
@@ -35,10 +35,10 @@ class BlockPool:
     under the hash of its KV (``memory/prefix.py``). Another request with that prefix
     shares it (a block has as many holders as tables hold it) and ``free`` drops one
     holder. A published block whose last holder frees it stays *cached*: free, and
-    counted free everywhere (any model or remapping may take its memory), but at the
-    bottom of the stack, so blocks never published go first and cached ones are evicted
-    least recently freed first. Allocating, draining or giving back a cached block
-    forgets its hash.
+    counted free everywhere (any model or remapping may take its memory), but kept apart
+    from the free stack, so blocks never published (and chunks the pool may claim) go
+    first and cached ones are evicted least recently freed first. Allocating, draining
+    or giving back a cached block forgets its hash.
     """
 
     def __init__(self, arena: Arena, model: str, block_bytes: int) -> None:
@@ -64,7 +64,8 @@ class BlockPool:
         self._block_of: dict[BlockHash, int] = {}  # hash -> the block holding that KV
         self._hash_of: dict[int, BlockHash] = {}  # published block -> its hash
         self._extra_holders: dict[int, int] = {}  # shared block -> holders beyond one
-        self._cached: set[int] = set()  # published blocks that are free (in ``_free``)
+        # Published blocks that are free, least recently freed first (not in ``_free``).
+        self._cached: dict[int, None] = {}
 
     # -- counts ---------------------------------------------------------------------
     @property
@@ -75,7 +76,7 @@ class BlockPool:
 
     @property
     def num_free(self) -> int:
-        return len(self._free) + self.num_claimable * self.blocks_per_chunk
+        return len(self._free) + len(self._cached) + self.num_claimable * self.blocks_per_chunk
 
     @property
     def num_held(self) -> int:
@@ -84,13 +85,13 @@ class BlockPool:
     @property
     def num_held_free(self) -> int:
         """Free blocks of held chunks that may be allocated (draining ones excluded)."""
-        return len(self._free)
+        return len(self._free) + len(self._cached)
 
     @property
     def num_used(self) -> int:
         """Blocks not free: owned by requests or awaiting a copy."""
         drained = sum(map(len, self._draining.values()))
-        return self.num_held - len(self._free) - drained
+        return self.num_held - len(self._free) - len(self._cached) - drained
 
     @property
     def num_total(self) -> int:
@@ -118,7 +119,7 @@ class BlockPool:
         """Used blocks of every held chunk, in one pass over the free blocks."""
         bpc = self.blocks_per_chunk
         used = dict.fromkeys(self._chunks, bpc)
-        for b in self._free:
+        for b in chain(self._free, self._cached):
             used[b // bpc] -= 1
         for c, drained in self._draining.items():
             used[c] = bpc - len(drained)
@@ -131,9 +132,9 @@ class BlockPool:
         blocks, not over every held chunk."""
         bpc = self.blocks_per_chunk
         if bpc == 1:  # block ids are chunk ids: every free block is an empty chunk
-            empty = self._free.copy()
+            empty = [*self._free, *self._cached]
         else:
-            free_in = Counter(map(bpc.__rfloordiv__, self._free))
+            free_in = Counter(map(bpc.__rfloordiv__, chain(self._free, self._cached)))
             empty = [c for c, n in free_in.items() if n == bpc]
         empty += [c for c, drained in self._draining.items() if len(drained) == bpc]
         empty.sort()
@@ -155,32 +156,36 @@ class BlockPool:
         drained = self._draining.get(chunk)
         if drained is not None:
             return bpc - len(drained)
-        return bpc - sum(1 for b in self._free if b // bpc == chunk)
+        return bpc - sum(1 for b in chain(self._free, self._cached) if b // bpc == chunk)
 
     # -- paired verbs -----------------------------------------------------------------
     def can_allocate(self, n: int) -> bool:
         # Held free blocks first: counting claimable chunks asks the arena.
-        return n <= len(self._free) or n <= self.num_free
+        return n <= len(self._free) + len(self._cached) or n <= self.num_free
 
     def allocate(self, n: int, *, claim: bool = True) -> list[int]:
         """``n`` free blocks. Raises MemoryError if there are fewer. Without ``claim``
         only held blocks (``num_held_free``) are taken: cached ones are evicted rather
         than a chunk claimed (a compaction must not grow the pool it shrinks)."""
-        if not claim:
-            if n > len(self._free):
-                raise MemoryError(f"model {self.model!r}: too few held free blocks")
-        elif self._cached:
-            self._claim_before_evicting(n)
-        elif len(self._free) < n:
-            self.claim(-(-(n - len(self._free)) // self.blocks_per_chunk))
+        free, cached = self._free, self._cached
+        if claim and len(free) < n:
+            num_chunks = -(-(n - len(free)) // self.blocks_per_chunk)
+            if cached:  # what the arena does not give comes from evicting
+                num_chunks = min(num_chunks, self.num_claimable)
+            if num_chunks:
+                self.claim(num_chunks)
         if n <= 0:
             return []
-        free = self._free
-        blocks = free[-n:]
-        del free[-n:]
+        if n > len(free) + len(cached):
+            raise MemoryError(f"model {self.model!r}: too few free blocks")
+        take = min(n, len(free))
+        blocks = free[len(free) - take :]
+        del free[len(free) - take :]
         blocks.reverse()
-        if self._cached:
-            self._evict(blocks)
+        while len(blocks) < n:
+            b = next(iter(cached))
+            self._forget(b)
+            blocks.append(b)
         return blocks
 
     def free(self, blocks: list[int]) -> None:
@@ -217,9 +222,8 @@ class BlockPool:
                 cached.append(b)
             else:
                 self._free.append(b)
-        if cached:  # under every free block, a request's head blocks deepest
-            self._free[:0] = cached
-            self._cached.update(cached)
+        # Least recently freed go first, a request's tail blocks before its head.
+        self._cached.update(dict.fromkeys(reversed(cached)))
 
     # -- prefix caching ---------------------------------------------------------------
     @property
@@ -259,14 +263,11 @@ class BlockPool:
     def share(self, blocks: list[int]) -> None:
         """One more holder of each of ``blocks`` (from ``lookup``): a cached one leaves
         the free blocks, a used one is shared."""
-        cached = self._cached
-        taken = {b for b in blocks if b in cached}
-        if taken:
-            cached -= taken
-            self._free = [b for b in self._free if b not in taken]
-        extra = self._extra_holders
+        cached, extra = self._cached, self._extra_holders
         for b in blocks:
-            if b not in taken:
+            if b in cached:
+                del cached[b]
+            else:
                 extra[b] = extra.get(b, 0) + 1
 
     def moved(self, src: int, dst: int) -> None:
@@ -284,32 +285,20 @@ class BlockPool:
         block_hash = self._hash_of.pop(block, None)
         if block_hash is not None:
             del self._block_of[block_hash]
-        self._cached.discard(block)
+        self._cached.pop(block, None)
 
-    def _evict(self, blocks: Iterable[int]) -> None:
-        """Forget the hashes of the cached blocks among ``blocks`` (they leave the free
-        blocks: allocated, drained or given back)."""
-        cached = self._cached
-        for b in blocks:
-            if b in cached:
-                self._forget(b)
+    def _evict_in(self, chunks: Container[int]) -> list[int]:
+        """Forget the cached blocks of ``chunks`` (drained or given back); return them."""
+        bpc = self.blocks_per_chunk
+        gone = [b for b in self._cached if b // bpc in chunks]
+        for b in gone:
+            self._forget(b)
+        return gone
 
     # -- chunks and the arena ---------------------------------------------------------
-    def _claim_before_evicting(self, n: int) -> None:
-        """Claim the chunks ``n`` blocks need beyond the free ones not cached, as far as
-        the arena allows, on top of the cached blocks: the rest come from evicting."""
-        short = n - (len(self._free) - len(self._cached))
-        if short <= 0:
-            return
-        num_chunks = min(-(-short // self.blocks_per_chunk), self.num_claimable)
-        if len(self._free) + num_chunks * self.blocks_per_chunk < n:
-            raise MemoryError(f"model {self.model!r}: too few free blocks")
-        if num_chunks:
-            self.claim(num_chunks, on_top=True)
-
-    def claim(self, num_chunks: int, *, on_top: bool = False) -> None:
+    def claim(self, num_chunks: int) -> None:
         """Make the lowest ``num_chunks`` fully free chunks of the arena KV slabs of this
-        model; their blocks go under those already free (``on_top``: above them)."""
+        model; their blocks go under those already free."""
         if num_chunks > self.num_claimable:
             raise MemoryError(f"model {self.model!r}: too few free blocks")
         chunks = self.arena.claim_chunks(self.pages_per_chunk, num_chunks, self.owner)
@@ -320,10 +309,7 @@ class BlockPool:
             blocks = chunks
         else:
             blocks = [b for c in chunks for b in reversed(self.chunk_blocks(c))]
-        if on_top:
-            self._free += blocks
-        else:
-            self._free[:0] = blocks
+        self._free[:0] = blocks
 
     def release(self, chunk: int) -> None:
         """Return a held chunk whose blocks are all free to the arena."""
@@ -357,7 +343,7 @@ class BlockPool:
         if gone:
             bpc = self.blocks_per_chunk
             if self._cached:
-                self._evict(b for b in self._free if b // bpc in gone)
+                self._evict_in(gone)
             if bpc == 1:  # block ids are chunk ids: the filter runs in C
                 self._free = list(filterfalse(gone.__contains__, self._free))
             else:
@@ -370,10 +356,11 @@ class BlockPool:
         if chunk not in self._chunks:
             raise ValueError(f"chunk {chunk} is not held by {self.model!r}")
         bpc = self.blocks_per_chunk
-        self._draining[chunk] = drained = [b for b in self._free if b // bpc == chunk]
-        self._free = [b for b in self._free if b // bpc != chunk]
+        drained = [b for b in self._free if b // bpc == chunk]
         if self._cached:
-            self._evict(drained)
+            drained += self._evict_in({chunk})
+        self._draining[chunk] = drained
+        self._free = [b for b in self._free if b // bpc != chunk]
 
     def undrain(self, chunk: int) -> None:
         """Allocate from a draining chunk again."""
@@ -384,8 +371,8 @@ class BlockPool:
     def check_integrity(self, used: set[int]) -> None:
         """``used`` are the block ids that the caller holds (owned or awaiting a copy)."""
         drained = [b for blocks in self._draining.values() for b in blocks]
-        free = set(self._free) | set(drained)
-        if len(free) != len(self._free) + len(drained):
+        free = set(self._free) | set(self._cached) | set(drained)
+        if len(free) != len(self._free) + len(self._cached) + len(drained):
             raise AssertionError(f"{self.model}: a block is free twice")
         if free & used:
             raise AssertionError(f"{self.model}: blocks both free and used: {free & used}")
@@ -393,7 +380,7 @@ class BlockPool:
         if free | used != held:
             raise AssertionError(f"{self.model}: free + used != held blocks")
         bpc = self.blocks_per_chunk
-        if any(b // bpc in self._draining for b in self._free):
+        if any(b // bpc in self._draining for b in chain(self._free, self._cached)):
             raise AssertionError(f"{self.model}: a draining chunk's block is allocatable")
         self._check_published(set(self._free), used)
         for c in self._chunks:
@@ -402,13 +389,13 @@ class BlockPool:
                     raise AssertionError(f"{self.model}: page {p} of a held chunk is not KV")
 
     def _check_published(self, free: set[int], used: set[int]) -> None:
-        """Hashes name blocks one to one; the cached blocks are the free published ones;
-        only used blocks are shared."""
+        """Hashes name blocks one to one; the cached blocks are the free published ones
+        (``free``: the free stack, which holds none); only used blocks are shared."""
         if {b: h for h, b in self._block_of.items()} != self._hash_of:
             raise AssertionError(f"{self.model}: published hashes and blocks disagree")
-        if self._cached != free & self._hash_of.keys():
+        if free & self._hash_of.keys() or not self._cached.keys() <= self._hash_of.keys():
             raise AssertionError(f"{self.model}: cached blocks are not the free published ones")
-        if not self._hash_of.keys() <= free | used:
+        if not self._hash_of.keys() <= self._cached.keys() | used:
             raise AssertionError(f"{self.model}: a published block is drained")
         if not self._extra_holders.keys() <= used:
             raise AssertionError(f"{self.model}: a shared block is not used")
