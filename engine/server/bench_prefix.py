@@ -58,6 +58,8 @@ from shunter.engine.loadgen.engine_process import (
     start_engine,
     stream_tokens,
 )
+from shunter.engine.memory.arena import Arena
+from shunter.engine.memory.pool import BlockPool
 
 # Doc-QA TTFT p50 with the cache over without: issue target "<= 0.3x".
 DOCQA_TTFT_TARGET = 0.3
@@ -141,6 +143,7 @@ def bench_prefix(
         value = _median(on.ttft) / _median(off.ttft)
         yield BenchFigure("prefix.docqa_ttft_p50_ratio", value, DOCQA_TTFT_TARGET, "<=", "x")
         yield from _host_tier(model_dir, docs[:2], question_tokens, max_tokens, threads, rounds)
+        yield from _bookkeeping()
 
 
 def _host_tier(
@@ -194,6 +197,27 @@ def _host_tier(
     value = _median(ttft["host"]) / _median(ttft["recompute"])
     yield f"  host over recompute {value:.3f}x"
     yield BenchFigure("prefix.host_hit_ttft_ratio", value, HOST_HIT_TARGET, "<=", "x")
+
+
+def _bookkeeping(free_blocks: int = 40_000, hits: int = 256, rounds: int = 20) -> Iterator[str]:
+    """Host time of the pool's side of a hit: looking up and taking back ``hits`` cached
+    blocks of a pool with ``free_blocks`` free (a GPU's pool of 2 MiB blocks is of that
+    order), median of ``rounds``."""
+    pool = BlockPool(Arena(free_blocks, 1024), MODEL, 1024)
+    blocks = pool.allocate(free_blocks)
+    hashes = [i.to_bytes(16, "little") for i in range(hits * rounds)]
+    for b, h in zip(blocks, hashes, strict=False):
+        pool.publish(b, h)
+    pool.free(blocks)
+    times = []
+    for r in range(rounds):
+        t0 = time.perf_counter()
+        pool.share(pool.lookup(hashes[r * hits : (r + 1) * hits]))
+        times.append(time.perf_counter() - t0)
+    yield (
+        f"pool bookkeeping: looking up and taking back {hits} cached blocks beside "
+        f"{free_blocks} free ones: {1000 * _median(times):.3f} ms (median of {rounds})"
+    )
 
 
 def _first_token_s(engine: TorchEngine, prompt: list[int], params: SamplingParams) -> float:

@@ -60,6 +60,7 @@ def test_bench_prefix_reports_both_workloads_cache_on_and_off() -> None:
     docqa, host = [item for item in items if isinstance(item, BenchFigure)]
     assert docqa.name == "prefix.docqa_ttft_p50_ratio" and docqa.value > 0
     assert host.name == "prefix.host_hit_ttft_ratio" and host.value > 0
+    assert str(items[-1]).startswith("pool bookkeeping: looking up and taking back 256")
     assert [str(item).split()[:2] for item in items[13:16]] == [
         ["prefix", "recompute"], ["prefix", "host"], ["prefix", "device"],
     ]  # fmt: skip
