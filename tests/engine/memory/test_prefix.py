@@ -283,13 +283,19 @@ def test_the_host_cache_gives_way_to_swaps_least_recently_freed_first() -> None:
     host.check_integrity("m", {a, b, c, 3})
 
 
-def test_a_swap_in_shares_the_prefix_blocks_still_on_the_device() -> None:
+def _two_sharing_a_prefix() -> tuple[Harness, Request, Request]:
+    """Requests a and s whose prompts share PREFIX (three blocks), both computed."""
     h = Harness(kv_blocks=16, prefix_caching=True)
-    m = h.memory
     a = _prompt_request("a", [*PREFIX, 1])
     _run_prompt(h, a)
     s = _prompt_request("s", [*PREFIX, 2])
     _run_prompt(h, s)
+    return h, a, s
+
+
+def test_a_swap_in_shares_the_prefix_blocks_still_on_the_device() -> None:
+    h, a, s = _two_sharing_a_prefix()
+    m = h.memory
     h.swap_out(s)  # four blocks to host
     h.next_step()
     h.swap_in(s)
@@ -340,12 +346,8 @@ def test_compaction_evicts_cached_blocks_rather_than_claim_a_chunk() -> None:
 
 
 def test_a_shared_block_goes_to_host_once_for_all_its_holders() -> None:
-    h = Harness(kv_blocks=16, prefix_caching=True)
+    h, a, s = _two_sharing_a_prefix()
     m = h.memory
-    a = _prompt_request("a", [*PREFIX, 1])
-    _run_prompt(h, a)
-    s = _prompt_request("s", [*PREFIX, 2])
-    _run_prompt(h, s)
     h.swap_out(a)
     assert len(h.plan.swap_out["tiny"]) == 4
     h.next_step()  # a's copies land: its full blocks' copies join the host tier
