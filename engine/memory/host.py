@@ -10,7 +10,7 @@ until the space is needed.
 
 from __future__ import annotations
 
-from shunter.engine.memory.prefix import BlockHash
+from shunter.engine.memory.prefix import BlockHash, PublishedBlocks
 
 
 class HostSwap:
@@ -32,17 +32,17 @@ class HostSwap:
         self._recycled: dict[str, list[int]] = {}
         self._next_id: dict[str, int] = {}
         self._num_used: dict[str, int] = {}
-        self.cached_bytes = 0
-        self._cached: dict[tuple[str, int], None] = {}  # LRU, least recently freed first
-        self._block_of: dict[tuple[str, BlockHash], int] = {}
-        self._hash_of: dict[tuple[str, int], BlockHash] = {}
-        self._extra_holders: dict[tuple[str, int], int] = {}
+        self._num_cached: dict[str, int] = {}  # per model, beside the LRU (read each step)
+        # Blocks are (model, id); a hash names its model (``chain_start``).
+        self._published: PublishedBlocks[tuple[str, int]] = PublishedBlocks()
+        self._cached = self._published.cached
 
     def register(self, model: str, block_bytes: int) -> None:
         self._block_bytes[model] = block_bytes
         self._recycled[model] = []
         self._next_id[model] = 0
         self._num_used[model] = 0
+        self._num_cached[model] = 0
 
     def unregister(self, model: str) -> None:
         """Forget a model none of whose host blocks is used (ValueError otherwise)."""
@@ -52,7 +52,7 @@ class HostSwap:
         for key in [k for k in self._cached if k[0] == model]:
             self._evict(key)
         del self._block_bytes[model], self._recycled[model]
-        del self._next_id[model], self._num_used[model]
+        del self._next_id[model], self._num_used[model], self._num_cached[model]
 
     def num_used(self, model: str) -> int:
         return self._num_used[model]
@@ -85,7 +85,7 @@ class HostSwap:
     def free(self, model: str, ids: list[int]) -> None:
         """Drop one holder of each of ``ids``; those left without one become free
         (cached, when published)."""
-        if self._hash_of or self._extra_holders:
+        if self._published.active:
             ids = self._unhold(model, ids)
         self._recycled[model].extend(ids)
         self._num_used[model] -= len(ids)
@@ -93,19 +93,15 @@ class HostSwap:
 
     def _unhold(self, model: str, ids: list[int]) -> list[int]:
         """Drop holds of shared blocks and cache published ones; the ids left to free."""
-        extra, hash_of, bb = self._extra_holders, self._hash_of, self._block_bytes[model]
+        published, bb = self._published, self._block_bytes[model]
         left = []
         for i in ids:
             key = (model, i)
-            n = extra.get(key)
-            if n is not None:
-                if n == 1:
-                    del extra[key]
-                else:
-                    extra[key] = n - 1
-            elif key in hash_of:
+            if not published.drop(key):  # another holder keeps it
+                continue
+            if published.is_published(key):
                 self._cached[key] = None
-                self.cached_bytes += bb
+                self._num_cached[model] += 1
                 self._num_used[model] -= 1
                 self.used_bytes -= bb
             else:
@@ -114,47 +110,40 @@ class HostSwap:
 
     # -- prefix caching ---------------------------------------------------------------
     def num_cached(self, model: str) -> int:
-        return sum(1 for m, _ in self._cached if m == model)
+        return self._num_cached[model]
+
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes of the cached blocks (free in every count, kept until needed)."""
+        return sum(n * self._block_bytes[m] for m, n in self._num_cached.items())
 
     def publish(self, model: str, ids: list[int], hashes: list[BlockHash]) -> None:
         """Used blocks ``ids`` hold the full blocks of KV ``hashes`` names (a hash
         already published keeps its block)."""
         for i, h in zip(ids, hashes, strict=True):
-            if (model, h) not in self._block_of and (model, i) not in self._hash_of:
-                self._block_of[model, h] = i
-                self._hash_of[model, i] = h
+            self._published.publish((model, i), h)
 
     def lookup(self, model: str, hashes: list[BlockHash]) -> list[int]:
-        """The blocks holding the longest published prefix of ``hashes``."""
-        found = []
-        for h in hashes:
-            i = self._block_of.get((model, h))
-            if i is None:
-                break
-            found.append(i)
-        return found
+        """The blocks holding the longest published prefix of ``hashes`` (hashes of
+        ``model``'s chains)."""
+        return [i for _, i in self._published.lookup(hashes)]
 
     def share(self, model: str, ids: list[int]) -> None:
         """One more holder of each of ``ids`` (from ``lookup``)."""
         bb = self._block_bytes[model]
         for i in ids:
-            key = (model, i)
-            if key in self._cached:
-                del self._cached[key]
-                self.cached_bytes -= bb
+            if self._published.hold((model, i)):  # it was cached: used again
+                self._num_cached[model] -= 1
                 self._num_used[model] += 1
                 self.used_bytes += bb
-            else:
-                self._extra_holders[key] = self._extra_holders.get(key, 0) + 1
 
     def num_holders(self, model: str, i: int) -> int:
-        return 1 + self._extra_holders.get((model, i), 0)
+        return self._published.num_holders((model, i))
 
     def _evict(self, key: tuple[str, int]) -> None:
         model, i = key
-        del self._cached[key]
-        del self._block_of[model, self._hash_of.pop(key)]
-        self.cached_bytes -= self._block_bytes[model]
+        self._published.forget(key)
+        self._num_cached[model] -= 1
         self._recycled[model].append(i)
 
     def check_integrity(self, model: str, used: set[int]) -> None:
@@ -165,8 +154,10 @@ class HostSwap:
         cached = {i for m, i in self._cached if m == model}
         if cached & (recycled | used):
             raise AssertionError(f"host {model}: a cached block is also free or used")
-        if not {i for m, i in self._hash_of if m == model} <= cached | used:
-            raise AssertionError(f"host {model}: a published block is not kept")
+        try:
+            self._published.check({(model, i) for i in used}, lambda key: key[0] == model)
+        except AssertionError as e:
+            raise AssertionError(f"host {model}: {e}") from None
         if recycled | used | cached != set(range(self._next_id[model])):
             raise AssertionError(f"host {model}: free + used != ids handed out")
         if len(used) != self._num_used[model]:
@@ -174,6 +165,5 @@ class HostSwap:
         total = sum(self._num_used[m] * b for m, b in self._block_bytes.items())
         if total != self.used_bytes or total + self.cached_bytes > self.capacity_bytes:
             raise AssertionError(f"host swap: {total} bytes used, counted {self.used_bytes}")
-        kept = sum(self._block_bytes[m] for m, _ in self._cached)
-        if kept != self.cached_bytes:
-            raise AssertionError(f"host swap: {kept} bytes cached, counted {self.cached_bytes}")
+        if len(cached) != self._num_cached[model]:
+            raise AssertionError(f"host {model}: {len(cached)} blocks cached, counted otherwise")

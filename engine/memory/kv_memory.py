@@ -255,9 +255,9 @@ class KVMemory(Relocation):
         if request.id in self._tables:
             raise ValueError(f"request {request.id!r} already has a block table")
         pool, need = self._pools[request.model], self.num_blocks(request.num_tokens)
-        hashes, hits, loads = self._prompt_hits(request, pool)
+        hits, loads = self._prompt_hits(request, pool)
         table = BlockTable(request.id, request.model, hits + pool.allocate(need - len(hits)))
-        table.hashes, table.num_published = list(hashes), len(hits)
+        table.hashes, table.num_published = list(request.prompt_hashes or ()), len(hits)
         if loads:
             self._load(table, len(hits), loads)
         if hits or loads:
@@ -275,23 +275,21 @@ class KVMemory(Relocation):
         self._inflight.defer_host(plan.step, model, loads)
         table.h2d_step = plan.step
 
-    def _prompt_hits(
-        self, request: Request, pool: BlockPool
-    ) -> tuple[list[bytes], list[int], list[int]]:
-        """The hashes of the prompt's full blocks, the published device blocks of its
-        longest cached prefix (now shared with it), and the published host blocks that
-        continue it (now held, to be copied in); nothing without prefix caching or
-        token ids, or for a request that has computed tokens already."""
+    def _prompt_hits(self, request: Request, pool: BlockPool) -> tuple[list[int], list[int]]:
+        """The published device blocks of the prompt's longest cached prefix (now shared
+        with it) and the published host blocks that continue it (now held, to be copied
+        in); nothing without prefix caching or token ids, or for a request that has
+        computed tokens already."""
         if not self._caches(request):
-            return [], [], []
+            return [], []
         bt, model = self.block_tokens, request.model
-        hashes, wanted = self._prompt_hashes(request), self._wanted(request)
+        wanted = self._wanted(request)
         hits = pool.lookup(wanted)
         pool.share(hits)
         loads = self.host.lookup(model, wanted[len(hits) :])
         self.host.share(model, loads)
         self.prefix_stats.record(model, request.prompt_tokens, len(hits) * bt, len(loads) * bt)
-        return hashes, hits, loads
+        return hits, loads
 
     def _caches(self, request: Request) -> bool:
         """Whether ``allocate`` looks the request's prompt up: prefix caching is on, its
@@ -483,7 +481,7 @@ class KVMemory(Relocation):
         full = table.num_computed // self.block_tokens
         if full > table.num_host_copied:
             self._unrotated[request.id] = table
-        if full > table.num_published and self.prefix_caching:
+        if self.prefix_caching and full > table.num_published:
             self._publish(request, table, full)
 
     def publish_scheduled(self, request: Request, num_new_tokens: int) -> None:

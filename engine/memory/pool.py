@@ -15,7 +15,7 @@ from collections.abc import Callable, Container
 from itertools import chain, filterfalse
 
 from shunter.engine.memory.arena import Arena, PageOwner
-from shunter.engine.memory.prefix import BlockHash
+from shunter.engine.memory.prefix import BlockHash, PublishedBlocks
 
 
 class BlockPool:
@@ -60,12 +60,10 @@ class BlockPool:
         self._free: list[int] = []  # stack of free block ids in held, undrained chunks
         self._chunks: set[int] = set()  # held chunks
         self._draining: dict[int, list[int]] = {}  # draining chunk -> its free blocks
-        # Prefix caching (empty unless the engine publishes blocks):
-        self._block_of: dict[BlockHash, int] = {}  # hash -> the block holding that KV
-        self._hash_of: dict[int, BlockHash] = {}  # published block -> its hash
-        self._extra_holders: dict[int, int] = {}  # shared block -> holders beyond one
-        # Published blocks that are free, least recently freed first (not in ``_free``).
-        self._cached: dict[int, None] = {}
+        # Prefix caching (empty unless the engine publishes blocks). Its cached blocks
+        # are free but not in ``_free``.
+        self._published: PublishedBlocks[int] = PublishedBlocks()
+        self._cached = self._published.cached
 
     # -- counts ---------------------------------------------------------------------
     @property
@@ -183,14 +181,12 @@ class BlockPool:
         del free[len(free) - take :]
         blocks.reverse()
         while len(blocks) < n:
-            b = next(iter(cached))
-            self._forget(b)
-            blocks.append(b)
+            blocks.append(self._published.evict_oldest())
         return blocks
 
     def free(self, blocks: list[int]) -> None:
         """Drop one holder of each of ``blocks``; those left without one become free."""
-        if self._hash_of or self._extra_holders:
+        if self._published.active:
             self._free_published(blocks)
             return
         if not self._draining:
@@ -203,22 +199,16 @@ class BlockPool:
 
     def _free_published(self, blocks: list[int]) -> None:
         """``free`` while some blocks are published or shared."""
-        extra, hash_of, draining = self._extra_holders, self._hash_of, self._draining
-        bpc = self.blocks_per_chunk
+        published, draining, bpc = self._published, self._draining, self.blocks_per_chunk
         cached: list[int] = []
         for b in blocks:
-            n = extra.get(b)
-            if n is not None:  # another table still holds it
-                if n == 1:
-                    del extra[b]
-                else:
-                    extra[b] = n - 1
+            if not published.drop(b):  # another table still holds it
                 continue
             drained = draining.get(b // bpc) if draining else None
             if drained is not None:
-                self._forget(b)
+                published.forget(b)
                 drained.append(b)
-            elif b in hash_of:
+            elif published.is_published(b):
                 cached.append(b)
             else:
                 self._free.append(b)
@@ -238,24 +228,21 @@ class BlockPool:
 
     def num_holders(self, block: int) -> int:
         """Tables holding a used block (1 unless it is shared)."""
-        return 1 + self._extra_holders.get(block, 0)
+        return self._published.num_holders(block)
 
     def publish(self, block: int, block_hash: BlockHash) -> None:
         """A used block now holds the full block of KV ``block_hash`` names; later
         requests with that prefix may share it. A hash already published keeps its
         block (this one stays private)."""
-        if block_hash not in self._block_of and block not in self._hash_of:
-            self._block_of[block_hash] = block
-            self._hash_of[block] = block_hash
+        self._published.publish(block, block_hash)
 
     def lookup(self, hashes: list[BlockHash]) -> list[int]:
         """The blocks holding the longest published prefix of ``hashes``, in order
         (none in a draining chunk: those are leaving)."""
-        block_of, draining, bpc = self._block_of, self._draining, self.blocks_per_chunk
+        draining, bpc = self._draining, self.blocks_per_chunk
         found: list[int] = []
-        for h in hashes:
-            b = block_of.get(h)
-            if b is None or (draining and b // bpc in draining):
+        for b in self._published.lookup(hashes):
+            if draining and b // bpc in draining:
                 break
             found.append(b)
         return found
@@ -263,36 +250,20 @@ class BlockPool:
     def share(self, blocks: list[int]) -> None:
         """One more holder of each of ``blocks`` (from ``lookup``): a cached one leaves
         the free blocks, a used one is shared."""
-        cached, extra = self._cached, self._extra_holders
         for b in blocks:
-            if b in cached:
-                del cached[b]
-            else:
-                extra[b] = extra.get(b, 0) + 1
+            self._published.hold(b)
 
     def moved(self, src: int, dst: int) -> None:
         """A used block's KV and holders moved from ``src`` to ``dst`` (a relocation
         move): its hash and holders follow it; ``src`` is freed as a private block."""
-        block_hash = self._hash_of.pop(src, None)
-        if block_hash is not None:
-            self._hash_of[dst] = block_hash
-            self._block_of[block_hash] = dst
-        extra = self._extra_holders.pop(src, None)
-        if extra is not None:
-            self._extra_holders[dst] = extra
-
-    def _forget(self, block: int) -> None:
-        block_hash = self._hash_of.pop(block, None)
-        if block_hash is not None:
-            del self._block_of[block_hash]
-        self._cached.pop(block, None)
+        self._published.moved(src, dst)
 
     def _evict_in(self, chunks: Container[int]) -> list[int]:
         """Forget the cached blocks of ``chunks`` (drained or given back); return them."""
         bpc = self.blocks_per_chunk
         gone = [b for b in self._cached if b // bpc in chunks]
         for b in gone:
-            self._forget(b)
+            self._published.forget(b)
         return gone
 
     # -- chunks and the arena ---------------------------------------------------------
@@ -382,20 +353,13 @@ class BlockPool:
         bpc = self.blocks_per_chunk
         if any(b // bpc in self._draining for b in chain(self._free, self._cached)):
             raise AssertionError(f"{self.model}: a draining chunk's block is allocatable")
-        self._check_published(set(self._free), used)
+        if any(self._published.is_published(b) for b in self._free):
+            raise AssertionError(f"{self.model}: a published block is on the free stack")
+        try:
+            self._published.check(used)
+        except AssertionError as e:
+            raise AssertionError(f"{self.model}: {e}") from None
         for c in self._chunks:
             for p in self.chunk_pages(c):
                 if self.arena.owner(p) != self.owner:
                     raise AssertionError(f"{self.model}: page {p} of a held chunk is not KV")
-
-    def _check_published(self, free: set[int], used: set[int]) -> None:
-        """Hashes name blocks one to one; the cached blocks are the free published ones
-        (``free``: the free stack, which holds none); only used blocks are shared."""
-        if {b: h for h, b in self._block_of.items()} != self._hash_of:
-            raise AssertionError(f"{self.model}: published hashes and blocks disagree")
-        if free & self._hash_of.keys() or not self._cached.keys() <= self._hash_of.keys():
-            raise AssertionError(f"{self.model}: cached blocks are not the free published ones")
-        if not self._hash_of.keys() <= self._cached.keys() | used:
-            raise AssertionError(f"{self.model}: a published block is drained")
-        if not self._extra_holders.keys() <= used:
-            raise AssertionError(f"{self.model}: a shared block is not used")

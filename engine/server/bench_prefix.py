@@ -29,14 +29,17 @@ without the cache.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from statistics import median
 
 import aiohttp
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 
 from shunter.engine.benchfigure import BenchFigure, ReportItem
 from shunter.engine.checkpoint.random_weights import init_model_dir, preset_config
@@ -53,6 +56,7 @@ from shunter.engine.loadgen.engine_process import (
     MODEL,
     PRESET,
     Timings,
+    median_ratio,
     quantile_ms,
     ratio,
     start_engine,
@@ -140,7 +144,7 @@ def bench_prefix(
             on, off = results[name, label], results[name, "off"]
             yield f"{name:10} {label:6} {ratio(on.ttft, off.ttft):>12}  TTFT p50 over off"
         on, off = results["doc QA", "on"], results["doc QA", "off"]
-        value = _median(on.ttft) / _median(off.ttft)
+        value = median_ratio(on.ttft, off.ttft) or math.nan
         yield BenchFigure("prefix.docqa_ttft_p50_ratio", value, DOCQA_TTFT_TARGET, "<=", "x")
         yield from _host_tier(model_dir, docs[:2], question_tokens, max_tokens, threads, rounds)
         yield from _bookkeeping()
@@ -193,8 +197,8 @@ def _host_tier(
         f"host): TTFT of a question on a {len(a)}-token document, median of {rounds}"
     )
     for label, values in ttft.items():
-        yield f"  prefix {label:10} {1000 * _median(values):>9.2f} ms"
-    value = _median(ttft["host"]) / _median(ttft["recompute"])
+        yield f"  prefix {label:10} {1000 * median(values):>9.2f} ms"
+    value = median(ttft["host"]) / median(ttft["recompute"])
     yield f"  host over recompute {value:.3f}x"
     yield BenchFigure("prefix.host_hit_ttft_ratio", value, HOST_HIT_TARGET, "<=", "x")
 
@@ -216,7 +220,7 @@ def _bookkeeping(free_blocks: int = 40_000, hits: int = 256, rounds: int = 20) -
         times.append(time.perf_counter() - t0)
     yield (
         f"pool bookkeeping: looking up and taking back {hits} cached blocks beside "
-        f"{free_blocks} free ones: {1000 * _median(times):.3f} ms (median of {rounds})"
+        f"{free_blocks} free ones: {1000 * median(times):.3f} ms (median of {rounds})"
     )
 
 
@@ -238,11 +242,6 @@ def _one_context_budget(model_dir: Path, context: int) -> int:
 
 def _tokens(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(4, 500) for _ in range(n)]
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2]
 
 
 def _body(prompt: list[int], max_tokens: int) -> dict[str, object]:
@@ -305,9 +304,9 @@ async def _counters(url: str) -> tuple[float, float]:
         "shunter:prefix_cache_host_hits_total",
     )
     totals = dict.fromkeys(names, 0.0)
-    for line in text.splitlines():
-        name = line.split("{", 1)[0]
-        if name in totals:
-            totals[name] += float(line.rsplit(" ", 1)[1])
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in totals:
+                totals[sample.name] += sample.value
     prompt, hits, host = (totals[n] for n in names)
     return prompt - hits, host
