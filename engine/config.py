@@ -329,7 +329,9 @@ class EngineConfig:
     memory integrity check after every step (tests, debug). ``prefix_caching`` shares
     the full blocks of prompts' common prefixes between requests of a model
     (``memory/prefix.py``); it needs requests' token ids, so it only acts where they
-    are known.
+    are known. ``async_scheduling`` plans each step while the executor runs the one
+    before (``EngineCore``): the host's planning leaves the critical path, at the cost
+    of one wasted entry for each request that stops on a token.
     """
 
     models: tuple[ModelSpec, ...]
@@ -343,6 +345,7 @@ class EngineConfig:
     remap: RemapConfig = RemapConfig()
     check_integrity: bool = False
     prefix_caching: bool = False
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         if not self.models:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from shunter.engine.config import EngineConfig, ModelSpec, TenantSpec
@@ -17,7 +18,7 @@ from shunter.engine.memory.kv_memory import KVMemory
 from shunter.engine.plan import BlockCopies, StepPlan, StepResult
 from shunter.engine.remap.remapper import Remapper
 from shunter.engine.remap.timing import LayerTiming
-from shunter.engine.request import Request, RequestState
+from shunter.engine.request import PLACEHOLDER, Request, RequestState
 from shunter.engine.sched.policies import make_policy
 from shunter.engine.sched.scheduler import Scheduler
 
@@ -79,6 +80,16 @@ class NewModel:
     timing: LayerTiming | None = None
 
 
+@dataclass(frozen=True)
+class _Launched:
+    """A step whose plan is made and whose forward pass runs (async scheduling)."""
+
+    plan: StepPlan
+    t_start: float
+    schedule_s: float
+    forwarded: Future[object]
+
+
 class EngineCore:
     """Serves the requests of every model in ``config`` one step at a time.
 
@@ -93,6 +104,17 @@ class EngineCore:
     With ``config.remap.enabled`` the models' weights are lent to the KV cache under
     pressure (Oneiros); ``timings`` then gives each model's T_T and prior forward
     times, and the executor's ``StepResult.compute_s`` keeps the latter measured.
+
+    With ``config.async_scheduling`` steps overlap (DuplexKV's cross-iteration pipeline,
+    SuperInfer §4.3.2): while the executor's forward pass of step t runs on a worker
+    thread, ``step()`` plans step t+1, then samples step t (``Executor.sample``), puts
+    its tokens in place of step t+1's placeholders, submits step t+1's copies and
+    starts its forward pass, and only then updates requests with step t's tokens and
+    returns step t's figures: the caller hands out outputs while step t+1 runs. A plan
+    is planned before the previous step's tokens are known: it counts them as
+    placeholders, and holds the requests that step stopped (their entries are wasted).
+    Every physical effect of a plan (copies, moves, forward pass) still happens after
+    the previous forward pass ends, so memory freed by planning is never written early.
     """
 
     def __init__(
@@ -125,6 +147,8 @@ class EngineCore:
         if progress is None and config.check_integrity:
             progress = ProgressWatch(limit_steps=None)  # a wall clock: no bound in steps
         self.progress = progress
+        self._launched: _Launched | None = None
+        self._worker: ThreadPoolExecutor | None = None
 
     def change_models(
         self,
@@ -140,6 +164,8 @@ class EngineCore:
         or a live request of another model would no longer fit; ValueError, changing
         nothing, while a removed model still has live requests or copies in flight.
         """
+        if self._launched is not None:  # the executor's models and pages stay put
+            self._launched.forwarded.result()
         for model in removing:
             if self.scheduler.queues[model] or not self.memory.can_remove_model(model):
                 raise ValueError(f"model {model!r} still has live requests or copies in flight")
@@ -180,7 +206,7 @@ class EngineCore:
         the last request finishes, steps go on (empty) for as long as remapping moves, so
         layers are restored while the engine has nothing else to do, not at the next
         request's expense."""
-        if self.scheduler.requests or self.memory.num_pending_steps:
+        if self._launched is not None or self.scheduler.requests or self.memory.num_pending_steps:
             return False
         if self._remap_settled or self.remapper is None:
             return True
@@ -189,15 +215,55 @@ class EngineCore:
     def check_integrity(self) -> None:
         self.memory.check_integrity(self.scheduler.requests.values())
 
+    def close(self) -> None:
+        """Wait for a forward pass in flight and stop the worker thread (async
+        scheduling); the step it belongs to is not completed."""
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+            self._worker = None
+        self._launched = None
+
     def step(self) -> StepStats:
+        """Run one step and return its figures; with async scheduling, complete the
+        step in flight (launching one first if none is) and leave the next in flight
+        while requests are live."""
+        if not self.config.async_scheduling:
+            plan, t_start, schedule_s = self._plan()
+            self.transfers.submit(plan)
+            result = self.executor.execute(plan)
+            return self._complete(plan, result, t_start, schedule_s)
+        launched = self._launched or self._launch(*self._plan())
+        ahead = self._plan() if self.scheduler.requests else None
+        result = self.executor.sample(launched.plan, launched.forwarded.result())
+        self._launched = None
+        if ahead is not None:
+            _fill_placeholders(ahead[0], result)
+            self._launch(*ahead)
+        return self._complete(launched.plan, result, launched.t_start, launched.schedule_s)
+
+    def _plan(self) -> tuple[StepPlan, float, float]:
+        """The next step's plan, the clock when planning began and the host time it took."""
         t_start = self.clock.now()
         self.memory.complete(self.transfers.poll(t_start))
         t0 = time.perf_counter()
         plan = self.scheduler.schedule(t_start, self._step)
         schedule_s = time.perf_counter() - t0
         self._step += 1
+        return plan, t_start, schedule_s
+
+    def _launch(self, plan: StepPlan, t_start: float, schedule_s: float) -> _Launched:
+        """Submit the plan's copies and start its forward pass on the worker thread."""
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(1, thread_name_prefix="shunter-forward")
         self.transfers.submit(plan)
-        result = self.executor.execute(plan)
+        forwarded = self._worker.submit(self.executor.forward, plan)
+        self._launched = _Launched(plan, t_start, schedule_s, forwarded)
+        return self._launched
+
+    def _complete(
+        self, plan: StepPlan, result: StepResult, t_start: float, schedule_s: float
+    ) -> StepStats:
+        """Apply an executed plan's result and return the step's figures."""
         t_end = self.clock.now()
         if self.remapper is not None:
             self.remapper.observe(plan, result)
@@ -213,7 +279,10 @@ class EngineCore:
             self.check_integrity()
         if self.progress is not None:
             self.progress.observe(
-                now=t_end, step=plan.step, num_emitted=len(result.emitted), num_live=self.num_live
+                now=t_end,
+                step=plan.step,
+                num_emitted=self.scheduler.num_recorded,
+                num_live=self.num_live,
             )
         return self._stats(plan, result, t_start, t_end, schedule_s, finished)
 
@@ -239,7 +308,7 @@ class EngineCore:
             num_batch_tokens=plan.num_batch_tokens,
             num_decodes=len(plan.batch) - num_prefills,
             num_prefills=num_prefills,
-            num_emitted=len(result.emitted),
+            num_emitted=self.scheduler.num_recorded,
             num_preempted=len(plan.preempted),
             num_swapped_in=len(plan.swapped_in),
             num_admitted=len(plan.admitted),
@@ -261,6 +330,19 @@ class EngineCore:
             finished=finished,
             tokens_by_model=_tokens_by_model(plan),
         )
+
+
+def _fill_placeholders(plan: StepPlan, result: StepResult) -> None:
+    """Put the tokens ``result`` sampled in place of ``plan``'s placeholders: a
+    request's only unknown token is its newest, so it can only end an entry."""
+    for request_id, tokens in plan.token_ids.items():
+        if tokens and tokens[-1] == PLACEHOLDER:
+            token = result.emitted.get(request_id)
+            if token is None:
+                raise RuntimeError(
+                    f"step {plan.step}: no token sampled for {request_id!r}'s placeholder"
+                )
+            tokens[-1] = token
 
 
 def _tokens_by_model(plan: StepPlan) -> dict[str, int]:

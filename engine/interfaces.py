@@ -48,10 +48,29 @@ class Executor(ABC):
         advances its virtual clock by that duration before returning.
       - Drop per-request state for ``plan.released``.
     The plan's D2H and H2D copies are not the executor's: ``Transfers`` runs them.
+
+    With async scheduling (``EngineConfig.async_scheduling``) the engine splits a step in
+    two: ``forward(plan)`` runs on a worker thread while the engine plans the next step
+    and hands out the last one's outputs, then ``sample(plan, forwarded)`` runs on the
+    engine's thread and returns what ``execute`` would. ``forward`` must not touch what
+    the engine's thread reads between steps (a request's text, logprobs or stop state).
+    A plan made while the previous one ran may hold a request that the previous one
+    stopped (EOS, stop string): the executor may compute its entry and need not sample
+    it. The defaults run all of ``execute`` as ``forward``.
     """
 
     @abstractmethod
     def execute(self, plan: StepPlan) -> StepResult: ...
+
+    def forward(self, plan: StepPlan) -> object:
+        """The part of ``execute`` that may run beside the engine's thread."""
+        return self.execute(plan)
+
+    def sample(self, plan: StepPlan, forwarded: object) -> StepResult:
+        """The rest of ``execute``, given what ``forward(plan)`` returned."""
+        if not isinstance(forwarded, StepResult):
+            raise TypeError(f"forward returned {type(forwarded).__name__}, not a StepResult")
+        return forwarded
 
 
 class Transfers(ABC):

@@ -30,6 +30,10 @@ class RequestState(enum.Enum):
 
 RUNNING, WAITING = RequestState.RUNNING, RequestState.WAITING
 
+# A token id in a plan for a token its request samples in the step still running;
+# the engine puts the sampled id in its place before the plan runs.
+PLACEHOLDER = -1
+
 
 @dataclass(eq=False, slots=True)
 class Request:
@@ -46,6 +50,12 @@ class Request:
     ends), ``t_last`` when it emitted its last token (``None`` before the first),
     ``token_times`` every emission time in order. ``cache_salt`` keeps its prompt's
     cached KV from requests that do not give the same salt (prefix caching).
+
+    ``num_output_placeholders`` counts tokens a planned step samples that are not known
+    yet: a plan counts its tokens as computed and its samples as placeholders when it
+    is made, so that the next step can be planned while it runs (async scheduling); the
+    executor's result turns each placeholder into a token (``record_token``). Until
+    then ``token_ids`` gives ``PLACEHOLDER`` in its place.
     """
 
     id: str
@@ -60,6 +70,7 @@ class Request:
     state: RequestState = RequestState.WAITING
     num_computed_tokens: int = 0
     num_output_tokens: int = 0
+    num_output_placeholders: int = 0
     output_token_ids: list[int] = field(default_factory=list)
     t_run: float | None = None
     t_scheduled: float | None = None
@@ -80,8 +91,20 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        """Prompt plus output tokens: every token whose KV the next sample needs."""
-        return self.prompt_tokens + self.num_output_tokens
+        """Prompt plus output tokens, placeholders included: every token whose KV the
+        next sample needs."""
+        return self.prompt_tokens + self.num_output_tokens + self.num_output_placeholders
+
+    @property
+    def num_sampled(self) -> int:
+        """Output tokens sampled or being sampled by a planned step."""
+        return self.num_output_tokens + self.num_output_placeholders
+
+    @property
+    def has_all_tokens(self) -> bool:
+        """Every output token it may have is sampled or being sampled: no step is left
+        to plan for it."""
+        return self.num_sampled >= self.max_output_tokens
 
     @property
     def num_pending_tokens(self) -> int:
@@ -91,7 +114,7 @@ class Request:
     @property
     def is_prefill(self) -> bool:
         """True until the prompt (or, after a recompute preemption, the context) is cached."""
-        return self.num_output_tokens == 0 or self.num_tokens - self.num_computed_tokens > 1
+        return self.num_sampled == 0 or self.num_tokens - self.num_computed_tokens > 1
 
     @property
     def is_finished(self) -> bool:
@@ -102,19 +125,25 @@ class Request:
         return vlts((self,), now)[0]
 
     def token_ids(self, start: int, end: int) -> list[int]:
-        """Tokens ``[start, end)`` of the prompt followed by the output so far."""
+        """Tokens ``[start, end)`` of the prompt followed by the output so far, with
+        ``PLACEHOLDER`` for each output token not known yet."""
         prompt = self.prompt_token_ids
         if prompt is None:
             raise ValueError(f"request {self.id!r} has no prompt token ids")
         n = len(prompt)
         if end <= n:
             return prompt[start:end]
+        outputs = self.output_token_ids
+        unknown = end - n - len(outputs)
+        if unknown > 0:  # only a planned step's samples, at the end
+            outputs = outputs + [PLACEHOLDER] * unknown
         if start >= n:
-            return self.output_token_ids[start - n : end - n]
-        return prompt[start:] + self.output_token_ids[: end - n]
+            return outputs[start - n : end - n]
+        return prompt[start:] + outputs[: end - n]
 
     def record_token(self, now: float, token_id: int | None) -> None:
-        """Account one emitted token at time ``now``."""
+        """Account one emitted token at time ``now`` (the oldest placeholder's, if any)."""
+        self.num_output_placeholders = max(0, self.num_output_placeholders - 1)
         self.num_output_tokens += 1
         if token_id is not None:
             self.output_token_ids.append(token_id)

@@ -171,8 +171,9 @@ class CudaTransfers(KVTransfers):
             step = self._pending.popleft()
             done.append(step.step)
             for request_id in step.swapped_in:
+                # The executor's thread may pop it meanwhile (async scheduling).
                 if self._h2d_events.get(request_id) is step.h2d:
-                    del self._h2d_events[request_id]
+                    self._h2d_events.pop(request_id, None)
         return done
 
     def wait_swapped_in(self, request_ids: Iterable[str]) -> None:

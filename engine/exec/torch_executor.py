@@ -141,9 +141,13 @@ class TorchExecutor(Executor):
         return self._sequences[request_id].stop.take_visible()
 
     def execute(self, plan: StepPlan) -> StepResult:
+        return self.sample(plan, self.forward(plan))
+
+    def forward(self, plan: StepPlan) -> _Forwarded:
+        """Block moves, remapping and each model's forward pass, up to its logits. Reads
+        the plan and the models only, never a request's sampling state, so it may run
+        beside the engine's thread (``Executor.forward``)."""
         t_start = time.perf_counter()
-        for request_id in plan.released:
-            self._sequences.pop(request_id, None)
         self.transfers.wait_swapped_in(e.request_id for e in plan.batch)
         for model, moves in plan.moves.items():
             if moves:
@@ -152,20 +156,31 @@ class TorchExecutor(Executor):
                 dst = torch.tensor([m.dst for m in moves], device=kv.device)
                 kv[dst] = kv[src]
         self._remap(plan)
-        result = StepResult(duration_s=0.0)
-        timers: dict[str, _PassTimer] = {}
+        passes: list[_ModelPass] = []
         for model, served in self.models.items():
             entries = [e for e in plan.batch if e.model == model]
             if entries:
-                timers[model] = self._run(model, served, entries, plan, result)
+                passes.append(self._run(model, served, entries, plan))
+        return _Forwarded(t_start, passes)
+
+    def sample(self, plan: StepPlan, forwarded: object) -> StepResult:
+        """Sample each pass's tokens, advance the requests' stop checks, grammars and
+        logprobs, and wait for the device; drops the plan's released requests first."""
+        if not isinstance(forwarded, _Forwarded):
+            raise TypeError(f"not a forward pass of this executor: {type(forwarded).__name__}")
+        for request_id in plan.released:
+            self._sequences.pop(request_id, None)
+        result = StepResult(duration_s=0.0)
+        for p in forwarded.passes:
+            self._sample(p, result)
         for device, copies in self._copies.items():
             if device.type == "cuda":
                 # The compute stream and the weight copies (restores of models that did
                 # not run): the KV transfer streams run on.
                 torch.cuda.current_stream(device).synchronize()
                 copies.synchronize()
-        result.compute_s = {model: timer.compute_s() for model, timer in timers.items()}
-        result.duration_s = time.perf_counter() - t_start
+        result.compute_s = {p.model: p.timer.compute_s() for p in forwarded.passes}
+        result.duration_s = time.perf_counter() - forwarded.t_start
         return result
 
     def _remap(self, plan: StepPlan) -> None:
@@ -184,13 +199,8 @@ class TorchExecutor(Executor):
         return frames
 
     def _run(
-        self,
-        model: str,
-        served: ServedModel,
-        entries: list[BatchEntry],
-        plan: StepPlan,
-        result: StepResult,
-    ) -> _PassTimer:
+        self, model: str, served: ServedModel, entries: list[BatchEntry], plan: StepPlan
+    ) -> _ModelPass:
         chunks = []
         for e in entries:
             tokens = plan.token_ids.get(e.request_id)
@@ -214,7 +224,18 @@ class TorchExecutor(Executor):
         if layers is not None:
             self.num_layers_streamed += layers.num_copies
         sampled = [e.request_id for e in entries if e.samples]
-        sampling = [self._sequences[request_id] for request_id in sampled]
+        return _ModelPass(model, sampled, logits, timer)
+
+    def _sample(self, p: _ModelPass, result: StepResult) -> None:
+        # A request an earlier step stopped may still be in this plan (planned while
+        # that step ran): its row is computed, not sampled.
+        seqs = self._sequences
+        rows = [i for i, rid in enumerate(p.sampled) if seqs[rid].stop.finish_reason is None]
+        if not rows:
+            return
+        sampled = [p.sampled[i] for i in rows]
+        logits = p.logits if len(rows) == len(p.sampled) else p.logits[rows]
+        sampling = [seqs[request_id] for request_id in sampled]
         params = [s.params for s in sampling]
         outputs = [s.outputs for s in sampling]
         constrained = [(row, s.matcher) for row, s in enumerate(sampling) if s.matcher is not None]
@@ -234,7 +255,25 @@ class TorchExecutor(Executor):
             done = seq.matcher is not None and consume(seq.matcher, token)
             if seq.stop.append(token, grammar_done=done) is not None:
                 result.stopped.add(request_id)
-        return timer
+
+
+@dataclass
+class _ModelPass:
+    """One model's forward pass of a step: the requests it samples, in row order, their
+    logits, and its timer."""
+
+    model: str
+    sampled: list[str]
+    logits: torch.Tensor
+    timer: _PassTimer
+
+
+@dataclass
+class _Forwarded:
+    """A step's forward passes (``TorchExecutor.forward``), for ``sample``."""
+
+    t_start: float
+    passes: list[_ModelPass]
 
 
 class _PassTimer:

@@ -429,7 +429,7 @@ class KVMemory(Relocation):
         if self._inflight.is_pending(table.d2h_step):  # not landed
             return False
         pool = self._pools[table.model]
-        need = -(-(request.prompt_tokens + request.num_output_tokens) // self.block_tokens)
+        need = -(-request.num_tokens // self.block_tokens)
         if not pool.can_allocate(need):
             return False
         self._swap_in(table, pool, need)
@@ -738,7 +738,7 @@ class KVMemory(Relocation):
             (
                 len(tables[r.id].devices)
                 if r.state is RUNNING
-                else -(-(r.prompt_tokens + r.num_output_tokens) // bt)
+                else -(-(r.prompt_tokens + r.num_output_tokens + r.num_output_placeholders) // bt)
             )
             * unit[r.model]
             for r in requests

@@ -80,8 +80,9 @@ class Decodes:
             if r.id in sitting_out:
                 continue
             # ``r.is_prefill`` inlined: this loop visits every running request each step.
-            pending = r.prompt_tokens + r.num_output_tokens - r.num_computed_tokens
-            if r.num_output_tokens == 0 or pending > 1:
+            sampled = r.num_output_tokens + r.num_output_placeholders
+            pending = r.prompt_tokens + sampled - r.num_computed_tokens
+            if sampled == 0 or pending > 1:
                 prefills.append(r)
             else:
                 decoding.append(r)

@@ -66,7 +66,14 @@ class Scheduler:
          others (``Capacity.reclaim``).
       8. Each batch entry's block table and tokens go into the plan, so the executor
          reads nothing but the plan.
-    ``update`` applies the executor's result: KV progress, tokens, finished requests.
+      9. The plan's tokens count as computed and its samples as placeholders
+         (``Request.num_output_placeholders``): the next step may be planned before
+         this one's tokens are known (async scheduling). A request whose last token the
+         plan samples retires: it gives its memory back now (what the plan writes
+         lands before any later plan's copies and passes run) and plans no more.
+    ``update`` applies the executor's result: tokens, and the requests that finished
+    (retired, stopped). A request that stopped while a later plan already held it
+    wastes that plan's entry, which ``update`` then skips.
 
     A swapped-in request joins the batch at the first step that finds its own H2D
     copies complete (``Admission.join``). Swap copies still in flight count against
@@ -95,6 +102,9 @@ class Scheduler:
         # Rotation is a source of memory only where the capacity order lists it.
         self.rotates = policy.rotates and "rotation" in config.remap.capacity_order
         self._released: list[str] = []
+        # Requests whose last token a plan in flight samples, by id, with that plan's
+        # step (step 9).
+        self._retiring: dict[str, tuple[int, Request]] = {}
         target = config.scheduler.step_target_s
         self.step_budget = (
             None
@@ -102,6 +112,7 @@ class Scheduler:
             else StepBudget(target, max_tokens=config.scheduler.max_batch_tokens)
         )
         self.last_step_tokens: int | None = None
+        self.num_recorded = 0  # tokens the last ``update`` gave requests
         swap = config.scheduler.preemption == "swap"
         self.decodes = Decodes(memory, self.queues, self.kv, swap=swap)
         self.pacing = Pacing(self.queues, self.tenancy) if policy.paces else None
@@ -162,7 +173,13 @@ class Scheduler:
         """End a live request and free everything it holds; None if it is not live."""
         request = self.requests.get(request_id)
         if request is None:
-            return None
+            retiring = self._retiring.pop(request_id, None)
+            if retiring is None:
+                return None
+            request = retiring[1]  # its memory is already free
+            request.aborted = True
+            _end(request, now)
+            return request
         request.aborted = True
         self._finish(request, now)
         return request
@@ -298,18 +315,34 @@ class Scheduler:
         self.capacity.reclaim(short, executing, self.turns.lag(now), vacating)
         self.memory.end_step()
         self._inputs(plan)
+        self._advance(plan)
         return plan
 
     def _inputs(self, plan: StepPlan) -> None:
         """What the executor reads for each batch entry (``StepPlan.block_tables``,
-        ``token_ids``), taken once the step's moves are planned."""
+        ``token_ids``), taken once the step's moves are planned: copies, since later
+        plans change the tables while this one may still run."""
         block_ids, requests = self.memory.block_ids, self.requests
-        plan.block_tables = {e.request_id: block_ids(e.request_id) for e in plan.batch}
+        plan.block_tables = {e.request_id: list(block_ids(e.request_id)) for e in plan.batch}
         plan.token_ids = {
             e.request_id: r.token_ids(e.num_computed_tokens, e.num_computed_tokens + e.num_tokens)
             for e in plan.batch
             if (r := requests[e.request_id]).prompt_token_ids is not None
         }
+
+    def _advance(self, plan: StepPlan) -> None:
+        """Count the plan's tokens as computed and its samples as placeholders; retire
+        the requests it samples the last token of (step 9)."""
+        requests, memory = self.requests, self.memory
+        for e in plan.batch:
+            r = requests[e.request_id]
+            r.num_computed_tokens += e.num_tokens
+            memory.mark_computed(r)
+            if e.samples:
+                r.num_output_placeholders += 1
+                if r.has_all_tokens:
+                    self._release(r)
+                    self._retiring[r.id] = (plan.step, r)
 
     def _within_budget(
         self,
@@ -353,7 +386,9 @@ class Scheduler:
         return _StepWork(decoding, prompts, seqs, self.config.max_batch_tokens)
 
     def update(self, plan: StepPlan, result: StepResult, now: float) -> list[Request]:
-        """Apply the executor's result at time ``now``; return the requests that finished."""
+        """Apply the executor's result at time ``now``; return the requests that finished.
+        ``num_recorded`` is then the tokens it gave requests (the result's less the
+        wasted ones of requests that ended since the plan was made)."""
         if self.step_budget is not None:
             tokens = dict.fromkeys(result.compute_s, 0)
             for entry in plan.batch:
@@ -373,27 +408,47 @@ class Scheduler:
                 compute_s=sum(result.compute_s.values()) if result.compute_s else None,
             )
         finished = []
+        self.num_recorded = 0
         for entry in plan.batch:
-            r = self.requests[entry.request_id]
-            r.num_computed_tokens += entry.num_tokens
-            self.memory.mark_computed(r)
             if not entry.samples:
+                continue
+            r = self.requests.get(entry.request_id)
+            retiring = None if r is not None else self._retiring.get(entry.request_id)
+            if retiring is not None:
+                r = retiring[1]
+            if r is None:  # stopped by an earlier step, or aborted, since planned
                 continue
             if r.id not in result.emitted:
                 raise RuntimeError(f"step {plan.step}: no token for request {r.id!r}")
             r.record_token(now, result.emitted[r.id])
-            if r.num_output_tokens >= r.max_output_tokens or r.id in result.stopped:
+            self.num_recorded += 1
+            if retiring is not None and (retiring[0] == plan.step or r.id in result.stopped):
+                # Its last token, or a stop before the plan that retired it.
+                del self._retiring[r.id]
+                _end(r, now)
+                finished.append(r)
+            elif r.id in result.stopped:
                 self._finish(r, now)
                 finished.append(r)
         return finished
 
     def _finish(self, r: Request, now: float) -> None:
+        self._release(r)
+        _end(r, now)
+
+    def _release(self, r: Request) -> None:
+        """Free everything ``r`` holds and take it off the queues."""
         self.memory.free(r)
         self.queues[r.model].move(r, FINISHED)
         self.tenancy.memory_changed()
         del self.requests[r.id]
-        r.t_finish = now
         self._released.append(r.id)
+
+
+def _end(r: Request, now: float) -> None:
+    """``r`` finished at ``now``: what later plans would still sample is dropped."""
+    r.t_finish = now
+    r.num_output_placeholders = 0
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,9 @@ D2H copy has not completed, copies out of step order.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Mapping
+from typing import Any
 
 from shunter.engine.config import (
     EngineConfig,
@@ -55,6 +56,7 @@ def tiny_config(
     remap: RemapConfig | None = None,
     turn_quantum_s: float = 0.5,
     prefix_caching: bool = False,
+    async_scheduling: bool = False,
 ) -> EngineConfig:
     """An engine whose device arena holds the models' weights plus ``kv_blocks`` blocks of
     the first model (pages are one block each)."""
@@ -82,6 +84,7 @@ def tiny_config(
         remap=remap or RemapConfig(),
         check_integrity=True,
         prefix_caching=prefix_caching,
+        async_scheduling=async_scheduling,
     )
 
 
@@ -134,7 +137,19 @@ class FakeExecutor(Executor):
         self.contents: Contents | None = None
         self.memory: KVMemory | None = None
         self.requests: Mapping[str, Request] = {}
+        # A request stops (as on EOS) with its ``stop_at[id]``-th token.
+        self.stop_at: dict[str, int] = {}
         self._swapped_in: dict[str, int] = {}
+        self._num_sampled: Counter[str] = Counter()
+
+    def forward(self, plan: StepPlan) -> object:
+        """Nothing: with async scheduling the whole step plays in ``sample``, on the
+        engine's thread, after the next plan is made (the latest a forward pass ends),
+        so a plan that acts too early shows as a wrong tag, deterministically."""
+        return plan
+
+    def sample(self, plan: StepPlan, forwarded: object) -> StepResult:
+        return self.execute(plan)
 
     def execute(self, plan: StepPlan) -> StepResult:
         in_batch = {e.request_id for e in plan.batch}
@@ -150,7 +165,9 @@ class FakeExecutor(Executor):
         self.plans.append(plan)
         self.clock.t += self.dt
         emitted: dict[str, int | None] = {e.request_id: plan.step for e in plan.batch if e.samples}
-        return StepResult(duration_s=self.dt, emitted=emitted)
+        self._num_sampled.update(emitted.keys())
+        stopped = {rid for rid in emitted if self._num_sampled[rid] == self.stop_at.get(rid)}
+        return StepResult(duration_s=self.dt, emitted=emitted, stopped=stopped)
 
     @staticmethod
     def _play(
@@ -168,14 +185,20 @@ class FakeExecutor(Executor):
             for move in moves:
                 held = contents.device.get((model, move.src), contents.empty())
                 contents.device[model, move.dst] = list(held)
+        for e in plan.batch:  # the tokens the plan gives are the request's own
+            tokens = plan.token_ids.get(e.request_id)
+            if tokens is not None:
+                start = e.num_computed_tokens
+                own = requests[e.request_id].token_ids(start, start + e.num_tokens)
+                assert tokens == own, f"step {plan.step}: {e.request_id} gets {tokens}"
         # As a forward pass does layer by layer: every entry's KV is written, then read.
         for e in plan.batch:
-            table = memory.block_ids(e.request_id)
+            table = plan.block_tables[e.request_id]
             for pos in range(e.num_computed_tokens, e.num_computed_tokens + e.num_tokens):
                 block = contents.device.setdefault((e.model, table[pos // bt]), contents.empty())
                 block[pos % bt] = tag(e.request_id, pos)
         for e in plan.batch:
-            table = memory.block_ids(e.request_id)
+            table = plan.block_tables[e.request_id]
             for pos in range(e.num_computed_tokens):
                 held = contents.device.get((e.model, table[pos // bt]), contents.empty())
                 assert held[pos % bt] == tag(e.request_id, pos), (
@@ -257,11 +280,24 @@ def make_core(config: EngineConfig, *, delay: int = 1) -> tuple[EngineCore, Step
     clock = StepClock()
     transfers = FakeTransfers(delay)
     executor = FakeExecutor(clock, transfers)
-    core = EngineCore(config, executor, transfers, clock)
+    core = _TrackedCore(config, executor, transfers, clock)
     executor.contents = transfers.contents = Contents(config.block_tokens)
     executor.memory = core.memory
-    executor.requests = core.scheduler.requests
+    executor.requests = core.added
     return core, clock
+
+
+class _TrackedCore(EngineCore):
+    """An EngineCore that keeps every request it was given (``added``), so the fake
+    executor tags tokens even of a request a plan in flight retired."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.added: dict[str, Request] = {}
+
+    def add_request(self, request: Request) -> None:
+        super().add_request(request)
+        self.added[request.id] = request
 
 
 def request(rid: str, prompt: int, output: int, t_arr: float = 0.0, model: str = "tiny") -> Request:

@@ -95,6 +95,8 @@ def test_every_request_finishes_with_its_tokens_and_memory_stays_consistent() ->
         delay=1,
         eager=True,
         watermark=0.5,
+        async_scheduling=True,
+        stops=[],
     )
     @given(
         workload=workloads,
@@ -107,6 +109,8 @@ def test_every_request_finishes_with_its_tokens_and_memory_stays_consistent() ->
         delay=st.integers(0, 3),
         eager=st.booleans(),
         watermark=st.sampled_from([0.0, 0.5, 0.9]),
+        async_scheduling=st.booleans(),
+        stops=st.lists(st.tuples(st.integers(0, 23), st.integers(1, 18)), max_size=6),
     )
     def check(
         workload: list[tuple[int, int, int]],
@@ -119,6 +123,8 @@ def test_every_request_finishes_with_its_tokens_and_memory_stays_consistent() ->
         delay: int,
         eager: bool,
         watermark: float,
+        async_scheduling: bool,
+        stops: list[tuple[int, int]],
     ) -> None:
         config = tiny_config(
             kv_blocks=kv_blocks,
@@ -128,17 +134,22 @@ def test_every_request_finishes_with_its_tokens_and_memory_stays_consistent() ->
             max_batch_tokens=max_batch_tokens,
             max_running=max_running,
             rotation=RotationConfig(eager=eager, budget_blocks=4, watermark=watermark),
+            async_scheduling=async_scheduling,
         )
         core, clock = make_core(config, delay=delay)
+        # Some requests stop on a token (as on EOS) before their length.
+        core.executor.stop_at = {f"r{i}": n for i, n in stops}  # type: ignore[attr-defined]
         arrivals = [(t, request(f"r{i}", p, o)) for i, (t, p, o) in enumerate(workload)]
         result = run(core, clock, arrivals)
-        for r in result.requests:
+        lengths = [min(o, dict(stops).get(i, o)) for i, (_, _, o) in enumerate(workload)]
+        for r, length in zip(result.requests, lengths, strict=True):
             assert r.state is RequestState.FINISHED
-            assert r.num_output_tokens == r.max_output_tokens
-            assert len(r.token_times) == r.max_output_tokens
+            assert r.num_output_tokens == len(r.output_token_ids) == length
+            assert r.num_output_placeholders == 0
+            assert len(r.token_times) == length
             assert r.token_times == sorted(r.token_times)
             assert r.t_first_token is not None and r.t_first_token > r.t_arr
-        assert sum(s.num_emitted for s in result.stats) == sum(o for _, _, o in workload)
+        assert sum(s.num_emitted for s in result.stats) == sum(lengths)
         seen.update(what for what in INTERESTING if any(getattr(s, what) for s in result.stats))
         assert core.memory.blocks_used() == {"tiny": 0}
         assert core.memory.host.used_bytes == 0
@@ -154,12 +165,14 @@ def test_every_request_finishes_with_its_tokens_and_memory_stays_consistent() ->
     policy=st.sampled_from(POLICIES),
     abort_at=st.lists(st.tuples(st.integers(0, 60), st.integers(0, 23)), max_size=8),
     delay=st.integers(0, 2),
+    async_scheduling=st.booleans(),
 )
 def test_aborts_leak_nothing(
     workload: list[tuple[int, int, int]],
     policy: str,
     abort_at: list[tuple[int, int]],
     delay: int,
+    async_scheduling: bool,
 ) -> None:
     config = tiny_config(
         kv_blocks=10,
@@ -167,6 +180,7 @@ def test_aborts_leak_nothing(
         policy=policy,
         xfer_budget=6,
         rotation=RotationConfig(budget_blocks=2, watermark=0.3),
+        async_scheduling=async_scheduling,
     )
     core, clock = make_core(config, delay=delay)
     arrivals = [(t, request(f"r{i}", p, o)) for i, (t, p, o) in enumerate(workload)]
@@ -261,6 +275,7 @@ def test_prefix_caching_keeps_every_request_whole_and_memory_consistent() -> Non
         host_blocks=10_000,
         delay=1,
         eager=True,
+        async_scheduling=True,
     )
     @given(
         workload=st.lists(
@@ -279,6 +294,7 @@ def test_prefix_caching_keeps_every_request_whole_and_memory_consistent() -> Non
         host_blocks=st.sampled_from([4, 10_000]),
         delay=st.integers(0, 2),
         eager=st.booleans(),
+        async_scheduling=st.booleans(),
     )
     def check(
         workload: list[tuple[int, int, int, int, int]],
@@ -287,6 +303,7 @@ def test_prefix_caching_keeps_every_request_whole_and_memory_consistent() -> Non
         host_blocks: int,
         delay: int,
         eager: bool,
+        async_scheduling: bool,
     ) -> None:
         nonlocal hits, host_hits
         config = tiny_config(
@@ -296,6 +313,7 @@ def test_prefix_caching_keeps_every_request_whole_and_memory_consistent() -> Non
             max_batch_tokens=24,
             rotation=RotationConfig(eager=eager, budget_blocks=4, watermark=0.5),
             prefix_caching=True,
+            async_scheduling=async_scheduling,
         )
         core, clock = make_core(config, delay=delay)
         heads = [list(range(100 * h, 100 * h + 12)) for h in range(3)]
