@@ -233,9 +233,9 @@ class EngineCore:
             result = self.executor.execute(plan)
             return self._complete(plan, result, t_start, schedule_s)
         launched = self._launched or self._launch(*self._plan())
+        self._launched = None  # a failed step leaves nothing in flight behind it
         ahead = self._plan() if self.scheduler.requests else None
         result = self.executor.sample(launched.plan, launched.forwarded.result())
-        self._launched = None
         if ahead is not None:
             _fill_placeholders(ahead[0], result)
             self._launch(*ahead)

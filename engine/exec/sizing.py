@@ -85,6 +85,7 @@ def serving_config(
     remap: bool = False,
     check_integrity: bool = False,
     prefix_caching: bool = False,
+    async_scheduling: bool = False,
 ) -> EngineConfig:
     """The engine configuration for serving ``needs`` concurrently.
 
@@ -117,6 +118,7 @@ def serving_config(
             rotation=FORCED_ROTATION if force_rotation else RotationConfig(),
             check_integrity=check_integrity,
             prefix_caching=prefix_caching,
+            async_scheduling=async_scheduling,
         )
 
     def with_remap(c: EngineConfig) -> EngineConfig:

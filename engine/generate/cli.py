@@ -115,6 +115,12 @@ def add_generate_parser(sub: argparse._SubParsersAction[Any]) -> None:
         "counts prompt tokens looked up and found)",
     )
     p.add_argument(
+        "--async-scheduling",
+        action="store_true",
+        help="plan each step while the previous one runs (the host's planning and "
+        "output handling leave the critical path)",
+    )
+    p.add_argument(
         "--json",
         action="store_true",
         help="print JSON lines: one object per request in input order, then a summary",

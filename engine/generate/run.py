@@ -50,6 +50,7 @@ class GenerateOptions:
     force_remap_inactive: bool = False
     check_integrity: bool = False
     prefix_caching: bool = False
+    async_scheduling: bool = False
 
 
 @dataclass
@@ -79,6 +80,7 @@ def run_generate(requests: Sequence[GenerateRequest], options: GenerateOptions) 
         remap=options.remap or options.force_remap is not None,
         check_integrity=options.check_integrity,
         prefix_caching=options.prefix_caching,
+        async_scheduling=options.async_scheduling,
     )
     engine = TorchEngine(
         options.models,
@@ -243,5 +245,6 @@ def generate_from_args(ns: argparse.Namespace, *, check_integrity: bool = False)
         force_remap_inactive=ns.force_remap_inactive,
         check_integrity=check_integrity,
         prefix_caching=ns.enable_prefix_caching,
+        async_scheduling=ns.async_scheduling,
     )
     return run_generate(requests, options)

@@ -109,6 +109,13 @@ def add_engine_parser(sub: argparse._SubParsersAction[Any]) -> None:
         "(default: the config's prefix_caching, else on)",
     )
     p.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="plan each step while the previous one runs, as vLLM's flag of that name "
+        "(default: the config's async_scheduling, else off)",
+    )
+    p.add_argument(
         "--check-integrity",
         action="store_true",
         help="debug: run the memory integrity check after every step",
@@ -141,6 +148,7 @@ def cmd_engine(ns: argparse.Namespace) -> int:
                 ("grace_s", ns.grace),
                 ("remap", ns.remap),
                 ("prefix_caching", ns.enable_prefix_caching),
+                ("async_scheduling", ns.async_scheduling),
                 ("step_target_s", None if ns.step_target_ms is None else ns.step_target_ms / 1000),
             )
             if value is not None

@@ -52,6 +52,7 @@ def engine_config(settings: EngineSettings, *, check_integrity: bool = False) ->
         remap=settings.remap,
         check_integrity=check_integrity,
         prefix_caching=settings.prefix_caching,
+        async_scheduling=settings.async_scheduling,
     )
     return dataclasses.replace(
         config,

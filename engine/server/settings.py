@@ -28,6 +28,7 @@ TOP_KEYS = {
     "policy",
     "remap",
     "prefix_caching",
+    "async_scheduling",
     "capacity_order",
     "grace_s",
     "max_sequences_per_request",
@@ -51,7 +52,9 @@ class EngineSettings:
     (None: derived from the models' SLO classes, see ``serve.step_target_s``).
     ``prefix_caching`` shares the KV of prompts' common prefixes between requests of a
     model (on by default, as in vLLM); only between requests of one tenant (the
-    gateway's tenant header) unless the model's ``share_prefixes``."""
+    gateway's tenant header) unless the model's ``share_prefixes``.
+    ``async_scheduling`` plans each step while the previous one runs (off by default:
+    a request that stops on a token costs one wasted entry in the next step)."""
 
     models: tuple[ModelArg, ...]
     device: str | None = None
@@ -68,6 +71,7 @@ class EngineSettings:
     max_sequences_per_request: int = MAX_SEQUENCES
     step_target_s: float | None = None
     prefix_caching: bool = True
+    async_scheduling: bool = False
 
 
 def load_settings(config: Path | None, model_flags: Sequence[str]) -> EngineSettings:
@@ -113,6 +117,9 @@ def settings_from_dict(
     prefix_caching = data.get("prefix_caching", True)
     if not isinstance(prefix_caching, bool):
         raise SettingsError(f"{where}: prefix_caching must be true or false")
+    async_scheduling = data.get("async_scheduling", False)
+    if not isinstance(async_scheduling, bool):
+        raise SettingsError(f"{where}: async_scheduling must be true or false")
     order = data.get("capacity_order", list(CAPACITY_SOURCES))
     if not isinstance(order, list):
         raise SettingsError(f"{where}: capacity_order must be a list")
@@ -140,6 +147,7 @@ def settings_from_dict(
         max_sequences_per_request=max_sequences or MAX_SEQUENCES,
         step_target_s=None if step_target_ms is None else step_target_ms / 1000,
         prefix_caching=prefix_caching,
+        async_scheduling=async_scheduling,
     )
 
 

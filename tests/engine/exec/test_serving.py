@@ -52,6 +52,7 @@ def engine(
     rotation: RotationConfig | None = None,
     names: tuple[str, ...] = MODELS,
     max_batch_tokens: int = 64,
+    async_scheduling: bool = False,
 ) -> TorchEngine:
     models = {name: dirs[name] for name in names}
     config = EngineConfig(
@@ -63,6 +64,7 @@ def engine(
         scheduler=SchedulerConfig(policy="lvf", max_batch_tokens=max_batch_tokens),
         rotation=rotation or RotationConfig(eager=False),
         check_integrity=True,
+        async_scheduling=async_scheduling,
     )
     return TorchEngine(models, config, device=CPU)
 
@@ -143,6 +145,60 @@ def test_stop_strings_end_requests_with_their_text_cut(tiny_dirs: dict[str, Path
     assert out.finish_reason == "stop"
     assert out.text == full[: full.index(stop)]
     assert len(out.output_ids) < NEW_TOKENS
+
+
+def test_async_scheduling_keeps_the_tokens_through_rotation(tiny_dirs: dict[str, Path]) -> None:
+    """Each step planned while the one before runs, under a budget that rotates
+    requests between steps: the tokens of the sequential loop, and no block left."""
+    work = workload()
+    ample = serve_all(engine(tiny_dirs, kv_pages=64), work)
+    rotation = RotationConfig(budget_blocks=64, watermark=0)
+    tight = engine(tiny_dirs, kv_pages=5, rotation=rotation, async_scheduling=True)
+    assert serve_all(tight, work) == ample
+    assert tight.totals.preemptions > 0 and tight.totals.blocks_swapped_in > 0
+    assert tight.core.is_idle()
+    assert all(n == 0 for n in tight.core.memory.blocks_used().values())
+
+
+def test_async_scheduling_ends_stopped_requests_as_the_sequential_loop_does(
+    tiny_dirs: dict[str, Path],
+) -> None:
+    """Requests that stop on a token or a string are in the next plan already: that
+    entry is computed and dropped, and the outputs are those of the sequential loop."""
+    probe_engine = engine(tiny_dirs, kv_pages=64)
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS)
+    work = workload()
+    probes = [probe_engine.add_request(m, p, params) for m, p in work]
+    full = probe_engine.run()
+    asks = []
+    for i, (rid, (model, prompt)) in enumerate(zip(probes, work, strict=True)):
+        out = full[rid]
+        if i % 3 == 0:  # stop on the token sampled at the middle
+            stop = SamplingParams(
+                temperature=0,
+                max_tokens=NEW_TOKENS,
+                stop_token_ids=(out.output_ids[NEW_TOKENS // 2],),
+            )
+        elif i % 3 == 1:  # stop on a string from the middle of the text
+            middle = len(out.text) // 2
+            stop = SamplingParams(
+                temperature=0, max_tokens=NEW_TOKENS, stop=(out.text[middle : middle + 2],)
+            )
+        else:  # a length of its own
+            stop = SamplingParams(temperature=0, max_tokens=3 + i, ignore_eos=True)
+        asks.append((model, prompt, stop))
+
+    def serve(eng: TorchEngine) -> list[tuple[list[int], str, str | None]]:
+        ids = [eng.add_request(m, p, params) for m, p, params in asks]
+        outputs = eng.run()
+        return [(outputs[i].output_ids, outputs[i].text, outputs[i].finish_reason) for i in ids]
+
+    sequential = serve(engine(tiny_dirs, kv_pages=64))
+    pipelined = engine(tiny_dirs, kv_pages=64, async_scheduling=True)
+    assert serve(pipelined) == sequential
+    assert {reason for _, _, reason in sequential} == {"stop", "length"}
+    assert all(n == 0 for n in pipelined.core.memory.blocks_used().values())
+    pipelined.core.close()
 
 
 def test_config_must_match_the_model_directories(tiny_dirs: dict[str, Path]) -> None:

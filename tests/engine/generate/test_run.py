@@ -221,6 +221,28 @@ def test_shared_prefixes_keep_their_tokens_with_layers_remapped(four_layers: Pat
     assert cached.summary["layers_streamed"] > 0
 
 
+def test_async_scheduling_keeps_the_tokens_with_rotation_remapping_and_prefix_caching(
+    four_layers: Path,
+) -> None:
+    """``--async-scheduling``: each step planned while the one before runs, with every
+    request rotated after each step, a layer streamed and prefixes shared: the tokens of
+    the sequential loop."""
+    work = shared_prefix_prompts(6, prefix_len=36)
+    lines: list[dict[str, object]] = [{"prompt_ids": p, "max_tokens": 7} for p in work]
+    path = write_requests(four_layers.parent / "async.jsonl", lines)
+    base = ["--model", str(four_layers), "--requests", str(path), "--max-tokens", "7", "--greedy"]
+    plain = generate(base)
+    specs = model_specs({"deep": four_layers})
+    page = page_bytes_for(specs, BLOCK_TOKENS)
+    budget = weight_bytes(specs, page) + 6 * page
+    tight = [*base, "--hbm-budget", str(budget), "--force-remap", "1", "--force-rotation"]
+    pipelined = generate([*tight, "--enable-prefix-caching", "--async-scheduling"])
+    assert pipelined.outputs == plain.outputs
+    assert pipelined.summary["rotations"] > 0
+    assert pipelined.summary["layers_streamed"] > 0
+    assert pipelined.summary["prefix_cache_hits"] > 0
+
+
 def test_forced_rotation_rotates_every_request_after_each_step_it_runs(
     tiny_dirs: dict[str, Path],
 ) -> None:

@@ -49,6 +49,7 @@ def test_config_file_and_flags_combine(tmp_path: Path) -> None:
         ("", "no models"),
         ('[[models]]\nname = "a"\npath = "/a"\nmax_context = 0\n', "max_context"),
         ('[[models]]\nname = "a"\npath = "/a"\nmax_context = "8k"\n', "max_context"),
+        ('async_scheduling = "yes"\n[[models]]\nname = "a"\npath = "/a"\n', "async_scheduling"),
     ],
 )
 def test_bad_config_files(tmp_path: Path, text: str, message: str) -> None:
@@ -67,6 +68,7 @@ def test_the_shipped_example_config_parses() -> None:
     example = Path(__file__).resolve().parents[3] / "deploy" / "engine.toml"
     settings = load_settings(example, [])
     assert settings.remap and settings.capacity_order[0] == "free"
+    assert settings.prefix_caching and not settings.async_scheduling
     assert {m.sharing for m in settings.models} <= {"spatial", "temporal"}
 
 
