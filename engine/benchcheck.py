@@ -91,6 +91,8 @@ BENCHES: tuple[Bench, ...] = (
         {"prefix.docqa_ttft_p50_ratio": 0.10, "prefix.host_hit_ttft_ratio": 0.10},
     ),
     Bench("remap-exec"),
+    # Ratios of medians over alternated rounds, so load slows both loops alike.
+    Bench("pipeline", {"pipeline.steps_ratio": 0.10, "pipeline.hog_ratio_gain": 0.10}),
     Bench(
         "gateway",
         {

@@ -67,6 +67,7 @@ class StepStats:
     layers_restored: int = 0
     finished: list[Request] = field(default_factory=list)
     tokens_by_model: dict[str, int] = field(default_factory=dict)
+    compute_s: float = 0.0  # the models' forward passes, where the executor measures them
 
 
 @dataclass(frozen=True)
@@ -329,6 +330,7 @@ class EngineCore:
             layers_restored=sum(map(len, plan.restored.values())),
             finished=finished,
             tokens_by_model=_tokens_by_model(plan),
+            compute_s=sum(result.compute_s.values()),
         )
 
 

@@ -24,6 +24,9 @@ echo "== prefix caching (CPU, tiny-llama, 8k context): document-QA and multi-tur
 echo "== executor remapping (CPU, small-llama): decode step with layers streamed vs none"
 "${VENV:-.venv}/bin/shunter" bench remap-exec
 
+echo "== async scheduling (CPU, tiny-llama, batch 32): decode steps/s pipelined vs sequential, alone and beside a CPU hog"
+"${VENV:-.venv}/bin/shunter" bench pipeline
+
 echo "== gateway (CPU, tiny-llama; PostgreSQL and Redis): TTFT and ITL through the gateway vs straight to the engine"
 "${VENV:-.venv}/bin/shunter" bench gateway
 

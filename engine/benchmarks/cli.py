@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from shunter.engine.benchfigure import add_json_argument
 from shunter.engine.cliargs import add_bench_arguments, comma_ints, positive_int, print_report
 
 
@@ -42,6 +43,45 @@ def cmd_bench_executor(ns: argparse.Namespace) -> int:
             threads=ns.threads,
             device=ns.device,
         )
+    )
+
+
+def add_bench_pipeline_parser(benches: argparse._SubParsersAction[Any]) -> None:
+    """Add ``bench pipeline``: async scheduling against the sequential step loop."""
+    p = benches.add_parser(
+        "pipeline",
+        help="CPU: decode steps/s with async scheduling vs the sequential loop, alone and "
+        "beside a CPU hog",
+        description="Write tiny-llama (random weights) to a temporary directory unless "
+        "--model names one, decode a batch through the engine with each step planned "
+        "while the one before runs and with the sequential loop, alternated, and print "
+        "steps/s, the host's share of the critical path, and each loop's throughput "
+        "beside one busy process per core over its throughput alone. Host time on this "
+        "machine.",
+    )
+    add_bench_arguments(
+        p, preset="tiny-llama", prompt_tokens=64, max_tokens=128, threads=1, rounds=3
+    )
+    p.add_argument("--batch", type=positive_int, default=32, help="requests (default 32)")
+    p.add_argument("--no-hog", action="store_true", help="skip the CPU-hog comparison")
+    add_json_argument(p)
+    p.set_defaults(func=cmd_bench_pipeline)
+
+
+def cmd_bench_pipeline(ns: argparse.Namespace) -> int:
+    from shunter.engine.benchmarks.pipeline import bench_pipeline
+
+    return print_report(
+        bench_pipeline(
+            model_dir=ns.model,
+            batch=ns.batch,
+            prompt_tokens=ns.prompt_tokens,
+            max_tokens=ns.max_tokens,
+            rounds=ns.rounds,
+            threads=ns.threads,
+            hog=not ns.no_hog,
+        ),
+        ns.json,
     )
 
 
