@@ -87,6 +87,8 @@ step calibrate 100 shunter engine calibrate --device cuda --model "$MODELS/small
   --out "$REPORT/profile.json"
 step bench-executor 60 shunter bench executor --device cuda --model "$MODELS/small-llama"
 step bench-remap 60 shunter bench remap-exec --device cuda --model "$MODELS/small-llama"
+# Async scheduling against the sequential loop at batch 32, alone and beside a CPU hog.
+step bench-pipeline 90 shunter bench pipeline --device cuda --model "$MODELS/small-llama"
 # llama-3-8b's layer shapes (bf16), four of its 32 layers: engine against transformers on
 # the device at batch 64, and remapping's streamed layers at that size.
 step model-init-8b 90 shunter model init --preset llama-3-8b --layers 4 --out "$MODELS/llama-3-8b-4l"

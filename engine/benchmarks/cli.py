@@ -60,7 +60,7 @@ def add_bench_pipeline_parser(benches: argparse._SubParsersAction[Any]) -> None:
         "machine.",
     )
     add_bench_arguments(
-        p, preset="tiny-llama", prompt_tokens=64, max_tokens=128, threads=1, rounds=3
+        p, preset="tiny-llama", prompt_tokens=64, max_tokens=128, threads=1, rounds=3, device=True
     )
     p.add_argument("--batch", type=positive_int, default=32, help="requests (default 32)")
     p.add_argument("--no-hog", action="store_true", help="skip the CPU-hog comparison")
@@ -80,6 +80,7 @@ def cmd_bench_pipeline(ns: argparse.Namespace) -> int:
             rounds=ns.rounds,
             threads=ns.threads,
             hog=not ns.no_hog,
+            device=ns.device,
         ),
         ns.json,
     )

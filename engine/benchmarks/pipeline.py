@@ -4,7 +4,8 @@ wall time on this machine.
 A batch of ``batch`` requests decodes through ``TorchEngine`` (greedy, every request to
 its length) once with each loop, alternated ``rounds`` times. Per decode step of the
 whole batch it takes the interval between two steps' returns (what a caller sees) and
-the models' forward passes within it (``StepStats.compute_s``); it prints
+the models' forward passes within it (``StepStats.compute_s``: on a GPU, device time
+from CUDA events); it prints
 
 - steps/s, each loop's decode steps over their time (the median of the rounds), and
   their ratio;
@@ -62,6 +63,7 @@ def bench_pipeline(
     rounds: int = 3,
     threads: int | None = 1,
     hog: bool = True,
+    device: str = "cpu",
 ) -> Iterator[ReportItem]:
     """Run the comparison and yield the report's lines and figures."""
     torch.set_num_threads(threads or os.cpu_count() or 1)
@@ -73,19 +75,20 @@ def bench_pipeline(
         vocab = min(1000, read_config(model_dir)["vocab_size"])
         prompts = torch.randint(4, vocab, (batch, prompt_tokens), generator=gen).tolist()
         yield (
-            f"{model_dir.name} on cpu, {torch.get_num_threads()} torch threads, "
+            f"{model_dir.name} on {device}, {torch.get_num_threads()} torch threads, "
             f"{os.cpu_count()} cores: {batch} requests x {prompt_tokens} prompt tokens, "
             f"{max_tokens} output tokens each; decode steps of the whole batch, "
             f"{rounds} alternated rounds"
         )
-        quiet = _compare(model_dir, prompts, max_tokens, rounds)
+        dev = torch.device(device)
+        quiet = _compare(model_dir, prompts, max_tokens, rounds, dev)
         yield from _report("isolated", quiet)
         seq, pipe = (_steps_per_s(runs) for runs in quiet)
         yield BenchFigure("pipeline.steps_ratio", pipe / seq, SPEEDUP_TARGET, ">=", "x")
         if not hog:
             return
         with _cpu_hog(os.cpu_count() or 1):
-            busy = _compare(model_dir, prompts, max_tokens, rounds)
+            busy = _compare(model_dir, prompts, max_tokens, rounds, dev)
         yield from _report(f"beside a CPU hog ({os.cpu_count()} busy processes)", busy)
         seq_hog, pipe_hog = (_steps_per_s(runs) for runs in busy)
         seq_ratio, pipe_ratio = seq_hog / seq, pipe_hog / pipe
@@ -101,26 +104,30 @@ def bench_pipeline(
 
 
 def _compare(
-    model_dir: Path, prompts: list[list[int]], max_tokens: int, rounds: int
+    model_dir: Path, prompts: list[list[int]], max_tokens: int, rounds: int, device: torch.device
 ) -> tuple[list[_Run], list[_Run]]:
     """Each loop ``rounds`` times, alternated, after one warm-up run of each."""
     sequential: list[_Run] = []
     pipelined: list[_Run] = []
     for i in range(rounds + 1):
         for runs, async_scheduling in ((sequential, False), (pipelined, True)):
-            run = _decode(model_dir, prompts, max_tokens, async_scheduling=async_scheduling)
+            run = _decode(model_dir, prompts, max_tokens, device, async_scheduling)
             if i:  # the first round warms up
                 runs.append(run)
     return sequential, pipelined
 
 
 def _decode(
-    model_dir: Path, prompts: list[list[int]], max_tokens: int, *, async_scheduling: bool
+    model_dir: Path,
+    prompts: list[list[int]],
+    max_tokens: int,
+    device: torch.device,
+    async_scheduling: bool,
 ) -> _Run:
     models = {MODEL: model_dir}
     needs = [KVNeed(f"#{i}", MODEL, len(p) + max_tokens) for i, p in enumerate(prompts)]
     config = serving_config(model_specs(models), needs, async_scheduling=async_scheduling)
-    engine = TorchEngine(models, config, device=torch.device("cpu"))
+    engine = TorchEngine(models, config, device=device)
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     for p in prompts:
         engine.add_request(MODEL, p, params)
