@@ -56,15 +56,21 @@ def bench_executor(
         if model_dir is None:
             yield f"writing {PRESET} (random weights) to a temporary directory"
             model_dir = init_model_dir(Path(tmp) / PRESET, config=preset_config(PRESET), seed=0)
-        gen = torch.Generator().manual_seed(0)
-        vocab = min(1000, read_config(model_dir)["vocab_size"])
-        prompts = torch.randint(4, vocab, (num_prompts, prompt_tokens), generator=gen).tolist()
+        prompts = random_prompts(model_dir, num_prompts, prompt_tokens)
         yield (
             f"{model_dir.name} on {device}, {torch.get_num_threads()} threads: "
             f"{num_prompts} prompts x {prompt_tokens} tokens, {max_tokens} output tokens each"
         )
         yield from _throughput(model_dir, prompts, max_tokens, dev)
         yield from _rotation_cost(model_dir, prompts, max_tokens, swap_blocks, dev)
+
+
+def random_prompts(model_dir: Path, count: int, tokens: int) -> list[list[int]]:
+    """``count`` prompts of ``tokens`` token ids drawn from the model's first thousand
+    (seeded: every run the same)."""
+    gen = torch.Generator().manual_seed(0)
+    vocab = min(1000, read_config(model_dir)["vocab_size"])
+    return torch.randint(4, vocab, (count, tokens), generator=gen).tolist()
 
 
 def _throughput(

@@ -63,21 +63,29 @@ class ServerThread(BackgroundServer):
             time.sleep(0.02)
 
 
-@pytest.fixture(scope="module")
-def server(model_dirs: dict[str, Path]) -> Iterator[ServerThread]:
+def serve_tiny_models(model_dirs: dict[str, Path], **settings: Any) -> Iterator[ServerThread]:
+    """A server of ``llama`` (tiny-llama, temporal) and ``qwen`` (tiny-qwen2, spatial)
+    with the integrity check after every step, and ``settings`` (``EngineSettings``);
+    closed after its fixture's last test."""
     torch.set_num_threads(1)
-    settings = EngineSettings(
+    engine = EngineSettings(
         models=(
             ModelArg("llama", model_dirs["tiny-llama"], "temporal"),
             ModelArg("qwen", model_dirs["tiny-qwen2"], "spatial"),
         ),
         kv_tokens=8192,
         grace_s=2.0,
+        **settings,
     )
-    state = build_state(settings, torch.device("cpu"), token=TOKEN, check_integrity=True)
+    state = build_state(engine, torch.device("cpu"), token=TOKEN, check_integrity=True)
     srv = ServerThread(state)
     yield srv
     srv.close()
+
+
+@pytest.fixture(scope="module")
+def server(model_dirs: dict[str, Path]) -> Iterator[ServerThread]:
+    yield from serve_tiny_models(model_dirs)
 
 
 def assert_no_leaks(state: dict[str, Any]) -> None:

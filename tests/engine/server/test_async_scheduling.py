@@ -11,32 +11,15 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-import torch
 
-from shunter.engine.server.models import ModelArg
-from shunter.engine.server.serve import build_state
-from shunter.engine.server.settings import EngineSettings
-from tests.engine.server.conftest import TOKEN, ServerThread, assert_no_leaks
+from tests.engine.server.conftest import TOKEN, ServerThread, assert_no_leaks, serve_tiny_models
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture(scope="module")
 def pipelined(model_dirs: dict[str, Path]) -> Iterator[ServerThread]:
-    torch.set_num_threads(1)
-    settings = EngineSettings(
-        models=(
-            ModelArg("llama", model_dirs["tiny-llama"], "temporal"),
-            ModelArg("qwen", model_dirs["tiny-qwen2"], "spatial"),
-        ),
-        kv_tokens=8192,
-        grace_s=2.0,
-        async_scheduling=True,
-    )
-    state = build_state(settings, torch.device("cpu"), token=TOKEN, check_integrity=True)
-    srv = ServerThread(state)
-    yield srv
-    srv.close()
+    yield from serve_tiny_models(model_dirs, async_scheduling=True)
 
 
 async def _stream(url: str, body: dict[str, object], leave_after: int | None) -> tuple[str, str]:
