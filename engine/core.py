@@ -199,6 +199,11 @@ class EngineCore:
         return aborted
 
     @property
+    def step_in_flight(self) -> bool:
+        """A step's forward pass runs (async scheduling) and ``step()`` completes it."""
+        return self._launched is not None
+
+    @property
     def num_live(self) -> int:
         return len(self.scheduler.requests)
 
@@ -207,7 +212,7 @@ class EngineCore:
         the last request finishes, steps go on (empty) for as long as remapping moves, so
         layers are restored while the engine has nothing else to do, not at the next
         request's expense."""
-        if self._launched is not None or self.scheduler.requests or self.memory.num_pending_steps:
+        if self.step_in_flight or self.scheduler.requests or self.memory.num_pending_steps:
             return False
         if self._remap_settled or self.remapper is None:
             return True

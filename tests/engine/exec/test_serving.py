@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from shunter.engine.config import EngineConfig, RotationConfig, SchedulerConfig
+from shunter.engine.config import EngineConfig, RotationConfig, SchedulerConfig, TenantSpec
 from shunter.engine.exec.params import SamplingParams
 from shunter.engine.exec.serving import TorchEngine, model_specs
 from shunter.engine.plan import BlockMove, StepPlan
@@ -199,6 +199,29 @@ def test_async_scheduling_ends_stopped_requests_as_the_sequential_loop_does(
     assert {reason for _, _, reason in sequential} == {"stop", "length"}
     assert all(n == 0 for n in pipelined.core.memory.blocks_used().values())
     pipelined.core.close()
+
+
+def test_async_scheduling_adds_a_model_while_a_step_is_in_flight(
+    tiny_dirs: dict[str, Path],
+) -> None:
+    """A model added between two steps, with the next step's forward pass running: the
+    change waits for it, and both models' requests get transformers' tokens."""
+    eng = engine(tiny_dirs, kv_pages=96, names=("tiny-llama",), async_scheduling=True)
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS)
+    work = prompts(4)
+    llama = [eng.add_request("tiny-llama", p, params) for p in work[:2]]
+    for _ in range(3):
+        eng.step()
+    assert eng.core.step_in_flight
+    prepared = eng.prepare_model("tiny-qwen2", tiny_dirs["tiny-qwen2"])
+    eng.change_models([], [(prepared, TenantSpec("tiny-qwen2"), 64)])
+    qwen = [eng.add_request("tiny-qwen2", p, params) for p in work[2:]]
+    outputs = eng.run()
+    for rid, prompt in zip(llama, work[:2], strict=True):
+        assert outputs[rid].output_ids == hf_greedy(tiny_dirs["tiny-llama"], prompt)
+    for rid, prompt in zip(qwen, work[2:], strict=True):
+        assert outputs[rid].output_ids == hf_greedy(tiny_dirs["tiny-qwen2"], prompt)
+    eng.core.close()
 
 
 def test_config_must_match_the_model_directories(tiny_dirs: dict[str, Path]) -> None:
