@@ -25,7 +25,7 @@ from tokenizers import Tokenizer
 
 from shunter.engine.checkpoint.random_weights import init_model_dir, preset_config
 from shunter.engine.exec.detok import token_bytes
-from shunter.engine.exec.hf_config import eos_token_ids, read_config
+from shunter.engine.exec.hf_config import eos_token_ids
 from shunter.engine.exec.loader import load_model
 from shunter.engine.exec.model import Transformer, kv_block_shape
 from shunter.engine.exec.params import SamplingParams
@@ -33,6 +33,7 @@ from shunter.engine.exec.serving import TorchEngine, model_specs
 from shunter.engine.exec.sizing import BLOCK_TOKENS, KVNeed, serving_config
 from shunter.engine.exec.torch_executor import ServedModel, TorchExecutor
 from shunter.engine.exec.transfers import host_swap_space, make_transfers
+from shunter.engine.loadgen.engine_process import random_prompts
 from shunter.engine.plan import BatchEntry, BlockCopies, StepPlan
 
 PRESET = "small-llama"
@@ -56,21 +57,13 @@ def bench_executor(
         if model_dir is None:
             yield f"writing {PRESET} (random weights) to a temporary directory"
             model_dir = init_model_dir(Path(tmp) / PRESET, config=preset_config(PRESET), seed=0)
-        prompts = random_prompts(model_dir, num_prompts, prompt_tokens)
+        prompts = random_prompts(num_prompts, prompt_tokens)
         yield (
             f"{model_dir.name} on {device}, {torch.get_num_threads()} threads: "
             f"{num_prompts} prompts x {prompt_tokens} tokens, {max_tokens} output tokens each"
         )
         yield from _throughput(model_dir, prompts, max_tokens, dev)
         yield from _rotation_cost(model_dir, prompts, max_tokens, swap_blocks, dev)
-
-
-def random_prompts(model_dir: Path, count: int, tokens: int) -> list[list[int]]:
-    """``count`` prompts of ``tokens`` token ids drawn from the model's first thousand
-    (seeded: every run the same)."""
-    gen = torch.Generator().manual_seed(0)
-    vocab = min(1000, read_config(model_dir)["vocab_size"])
-    return torch.randint(4, vocab, (count, tokens), generator=gen).tolist()
 
 
 def _throughput(

@@ -31,11 +31,11 @@ from pathlib import Path
 import torch
 
 from shunter.engine.benchfigure import BenchFigure, ReportItem
-from shunter.engine.benchmarks.executor import random_prompts
 from shunter.engine.checkpoint.random_weights import init_model_dir, preset_config
 from shunter.engine.exec.params import SamplingParams
 from shunter.engine.exec.serving import TorchEngine, model_specs
 from shunter.engine.exec.sizing import KVNeed, serving_config
+from shunter.engine.loadgen.engine_process import random_prompts
 
 PRESET = "tiny-llama"
 MODEL = "m"
@@ -71,7 +71,7 @@ def bench_pipeline(
         if model_dir is None:
             yield f"writing {PRESET} (random weights) to a temporary directory"
             model_dir = init_model_dir(Path(tmp) / PRESET, config=preset_config(PRESET), seed=0)
-        prompts = random_prompts(model_dir, batch, prompt_tokens)
+        prompts = random_prompts(batch, prompt_tokens)
         yield (
             f"{model_dir.name} on {device}, {torch.get_num_threads()} torch threads, "
             f"{os.cpu_count()} cores: {batch} requests x {prompt_tokens} prompt tokens, "

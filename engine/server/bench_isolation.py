@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import tempfile
 import time
 from collections.abc import Awaitable, Iterator
@@ -172,13 +173,16 @@ async def _beside(
     noise: dict[str, Any],
     noisy_e2e: list[float],
 ) -> list[float]:
-    """Run ``quiet`` while ``noise`` is sent again and again, one at a time; the
-    end-to-end seconds of each noisy request that completed go to ``noisy_e2e``."""
+    """Run ``quiet`` while ``noise`` is sent again and again, one at a time, each time
+    with a cache salt of its own (prefix caching would otherwise serve every repeat of
+    the prompt from the first); the end-to-end seconds of each noisy request that
+    completed go to ``noisy_e2e``."""
 
     async def noisy() -> None:
-        while True:
+        for i in itertools.count():
+            body = {**noise, "cache_salt": f"noise-{i}"}
             t_start = time.perf_counter()
-            async with session.post(url + "/v1/completions", json=noise) as r:
+            async with session.post(url + "/v1/completions", json=body) as r:
                 if r.status != 200:
                     raise RuntimeError(f"noisy request: {r.status} {await r.text()}")
                 await r.read()
