@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from functools import cache
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from shunter.engine.api.structured import json_grammar
 from shunter.engine.config import EngineConfig, RotationConfig, SchedulerConfig, TenantSpec
 from shunter.engine.exec.params import SamplingParams
 from shunter.engine.exec.serving import TorchEngine, model_specs
@@ -21,6 +23,13 @@ MODELS = ("tiny-llama", "tiny-qwen2")
 # Pages of weights at 16 KiB: two layers of 12 pages, plus embeddings and head.
 WEIGHT_PAGES = {"tiny-llama": 2 * 12 + 17, "tiny-qwen2": 2 * 12 + 9}
 NEW_TOKENS = 24
+# A short JSON object, for constrained output.
+SCHEMA = {
+    "type": "object",
+    "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+    "required": ["n"],
+    "additionalProperties": False,
+}
 
 
 def prompts(count: int) -> list[list[int]]:
@@ -163,8 +172,9 @@ def test_async_scheduling_keeps_the_tokens_through_rotation(tiny_dirs: dict[str,
 def test_async_scheduling_ends_stopped_requests_as_the_sequential_loop_does(
     tiny_dirs: dict[str, Path],
 ) -> None:
-    """Requests that stop on a token or a string are in the next plan already: that
-    entry is computed and dropped, and the outputs are those of the sequential loop."""
+    """Requests that stop on a token, a string or their grammar's end are in the next
+    plan already: that entry is computed and dropped, and the outputs are those of the
+    sequential loop."""
     probe_engine = engine(tiny_dirs, kv_pages=64)
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS)
     work = workload()
@@ -173,7 +183,11 @@ def test_async_scheduling_ends_stopped_requests_as_the_sequential_loop_does(
     asks = []
     for i, (rid, (model, prompt)) in enumerate(zip(probes, work, strict=True)):
         out = full[rid]
-        if i % 3 == 0:  # stop on the token sampled at the middle
+        if i % 4 == 3:  # constrained to a JSON schema: the grammar ends it
+            stop = SamplingParams(
+                temperature=0, max_tokens=4 * NEW_TOKENS, grammar=json_grammar(SCHEMA, "schema")
+            )
+        elif i % 3 == 0:  # stop on the token sampled at the middle
             stop = SamplingParams(
                 temperature=0,
                 max_tokens=NEW_TOKENS,
@@ -197,6 +211,7 @@ def test_async_scheduling_ends_stopped_requests_as_the_sequential_loop_does(
     pipelined = engine(tiny_dirs, kv_pages=64, async_scheduling=True)
     assert serve(pipelined) == sequential
     assert {reason for _, _, reason in sequential} == {"stop", "length"}
+    assert all(json.loads(text) for _, text, _ in sequential[3::4])
     assert all(n == 0 for n in pipelined.core.memory.blocks_used().values())
     pipelined.core.close()
 
