@@ -43,7 +43,7 @@ from shunter.engine.memory.kv_memory import NoRoom
 from shunter.engine.server.context import STATE, ServerState
 from shunter.engine.server.models import load_served_model
 from shunter.engine.server.openai_api import read_json
-from shunter.engine.server.serve import context_tokens, engine_config, tenant_specs
+from shunter.engine.server.serve import context_tokens, engine_config, freeze_heap, tenant_specs
 from shunter.engine.server.settings import (
     EngineSettings,
     SettingsError,
@@ -149,6 +149,7 @@ async def _change_models(
         state.models = kept
         raise _no_room(e) from None
     state.models = {**state.models, **served}
+    await loop.call(freeze_heap)  # the new models' objects are long-lived too
 
 
 def _no_room(e: NoRoom) -> ApiError:
