@@ -64,7 +64,9 @@ class Stream:
     each Delta arrives in ``sink`` as ``(index, delta)``, on the event loop ``loop``.
     The choices of one HTTP request share one sink. ``t_arr`` is when the HTTP request
     arrived, on the engine's clock (its TTFT and lag count from then, not from when
-    the engine thread took it up)."""
+    the engine thread took it up). A ``whole`` response (not streamed) gets one Delta,
+    when its request ends: its handler reads nothing before, and a fan-out of many
+    choices then costs the event loop one wake-up per choice, not one per token."""
 
     def __init__(
         self,
@@ -78,8 +80,11 @@ class Stream:
         t_arr: float,
         tenant: str = "",
         cache_salt: str | None = None,
+        *,
+        whole: bool = False,
     ) -> None:
         self.index = index
+        self.whole = whole
         self.t_arr = t_arr
         self.tenant = tenant
         self.cache_salt = cache_salt
@@ -89,7 +94,8 @@ class Stream:
         self.slo = slo
         self.sink = sink
         self.request: Request | None = None
-        self.num_sent = 0
+        self.num_sent = 0  # tokens delivered
+        self.num_metered = 0  # tokens counted in the metrics
         self.num_preemptions = 0
         self.loop = loop
 
@@ -291,13 +297,15 @@ class EngineLoop:
                 )
                 stream.num_preemptions = request.num_preemptions
             output = finished.get(request_id)
+            if stream.num_metered < len(request.token_times):
+                metrics.on_tokens(request, stream.num_metered)
+                stream.num_metered = len(request.token_times)
             new = request.output_token_ids[stream.num_sent :]
-            if not new and output is None:
+            if (not new or stream.whole) and output is None:
                 continue
             executor = self.engine.executor
             text = executor.take_visible(request_id)
             logprobs = [] if stream.params.logprobs is None else executor.take_logprobs(request_id)
-            metrics.on_tokens(request, stream.num_sent)
             stream.num_sent += len(new)
             if output is None:
                 delta = Delta(new, text, logprobs=logprobs)

@@ -113,7 +113,19 @@ async def _generate(request: web.Request, *, chat: bool) -> web.StreamResponse:
             if params.seed is not None and i:
                 params = dataclasses.replace(params, seed=(params.seed + i) % 2**63)
             streams.append(
-                Stream(index, name, prompt, params, slo, sink, loop, t_arr, tenant, salt)
+                Stream(
+                    index,
+                    name,
+                    prompt,
+                    params,
+                    slo,
+                    sink,
+                    loop,
+                    t_arr,
+                    tenant,
+                    salt,
+                    whole=not gen.stream,
+                )
             )
             choices.append(Choice(index, len(prompt)))
     engine_loop = state.loop

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from shunter.engine.exec.params import SamplingParams
+from shunter.engine.server.loop import Delta, Stream
 from tests.engine.server.conftest import TOKEN, ServerThread, assert_no_leaks, request
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -186,3 +188,39 @@ def test_a_whole_response_carries_its_prompt_tokens(server: ServerThread) -> Non
     assert r.status_code == 200
     assert r.headers["X-Shunter-Prompt-Tokens"] == str(r.json()["usage"]["prompt_tokens"])
     assert int(r.headers["X-Shunter-Prompt-Tokens"]) > 2
+
+
+def test_a_whole_response_gets_one_delta_per_choice_and_a_stream_one_per_token(
+    server: ServerThread,
+) -> None:
+    """Whole responses are handed over when their requests end; streams as they go.
+    Both carry the same tokens and text."""
+    engine_loop = server.state.loop
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+
+    async def run(whole: bool) -> list[tuple[int, Delta]]:
+        loop = asyncio.get_running_loop()
+        sink: asyncio.Queue[tuple[int, Delta]] = asyncio.Queue()
+        now = engine_loop.engine.core.clock.now()
+        streams = [
+            Stream(i, "qwen", [5, 6, 7 + i], params, None, sink, loop, now, whole=whole)
+            for i in range(4)
+        ]
+        engine_loop.submit(streams)
+        got, ended = [], 0
+        while ended < len(streams):
+            index, delta = await sink.get()
+            got.append((index, delta))
+            ended += delta.finish_reason is not None
+        return got
+
+    whole = server.run(run(True))
+    streamed = server.run(run(False))
+    assert sorted(i for i, _ in whole) == [0, 1, 2, 3]
+    assert all(len(d.token_ids) == 8 and d.finish_reason == "length" for _, d in whole)
+    assert len(streamed) > len(whole)
+    for index, delta in whole:
+        parts = [d for i, d in streamed if i == index]
+        assert [t for d in parts for t in d.token_ids] == delta.token_ids
+        assert "".join(d.text for d in parts) == delta.text
+    assert_no_leaks(server.wait_idle())
