@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import gc
 
@@ -117,9 +118,13 @@ def freeze_heap() -> None:
     tiny models) out of the garbage collector's sight. A full collection walks them
     all, 31-46 ms on this project's CPU host with every thread stopped: a tenant whose
     requests churn objects (a fan-out of 128 sequences) would stall every other one's
-    steps that long. Only cycles among objects made later are looked for."""
+    steps that long. Only cycles among objects made later are looked for. At exit the
+    heap is unfrozen, so that extensions that count their objects at shutdown (Triton's
+    nanobind bindings) find them collected."""
     gc.collect()
     gc.freeze()
+    atexit.unregister(gc.unfreeze)  # registered once, however often the heap is frozen
+    atexit.register(gc.unfreeze)
 
 
 def build_state(
