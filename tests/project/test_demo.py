@@ -127,7 +127,16 @@ def test_demo_brings_the_platform_up(clean_env: dict[str, str], tmp_path: Path) 
             f"http://{target}/metrics",
             headers={"Authorization": f"Bearer {scrape_file.read_text().strip()}"},
         )
-        assert b"vllm:time_to_first_token_seconds_bucket" in urllib.request.urlopen(scrape).read()
+        # The TTFT histogram has series once a first token came (the load generator's
+        # first requests may still be on their way when the gateway is up).
+        wait_for_value(
+            lambda: (
+                b"vllm:time_to_first_token_seconds_bucket" in urllib.request.urlopen(scrape).read()
+            ),
+            60,
+            "a first token in the engine's /metrics",
+            interval=0.5,
+        )
         keys = json.loads(keys_file.read_text())
         assert set(keys) == {"demo-chat", "demo-batch"}
         chat = keys["demo-chat"]
