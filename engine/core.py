@@ -258,7 +258,10 @@ class EngineCore:
         return plan, t_start, schedule_s
 
     def _launch(self, plan: StepPlan, t_start: float, schedule_s: float) -> _Launched:
-        """Submit the plan's copies and start its forward pass on the worker thread."""
+        """Submit the plan's copies and start its forward pass on the worker thread, with
+        block tables of its own (the next plan changes the requests' tables while it
+        runs)."""
+        plan.block_tables = {rid: list(table) for rid, table in plan.block_tables.items()}
         if self._worker is None:
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="shunter-forward")
         self.transfers.submit(plan)

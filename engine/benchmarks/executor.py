@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer
 
-from shunter.engine.checkpoint.random_weights import init_model_dir, preset_config
+from shunter.engine.benchmarks.models import model_or_preset
 from shunter.engine.exec.detok import token_bytes
 from shunter.engine.exec.hf_config import eos_token_ids
 from shunter.engine.exec.loader import load_model
@@ -54,9 +54,7 @@ def bench_executor(
     torch.set_num_threads(threads or os.cpu_count() or 1)
     dev = torch.device(device)
     with tempfile.TemporaryDirectory(prefix="shunter-bench-") as tmp:
-        if model_dir is None:
-            yield f"writing {PRESET} (random weights) to a temporary directory"
-            model_dir = init_model_dir(Path(tmp) / PRESET, config=preset_config(PRESET), seed=0)
+        model_dir = yield from model_or_preset(tmp, model_dir, PRESET)
         prompts = random_prompts(num_prompts, prompt_tokens)
         yield (
             f"{model_dir.name} on {device}, {torch.get_num_threads()} threads: "

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from shunter.engine.benchfigure import BenchFigure, ReportItem
-from shunter.engine.checkpoint.random_weights import init_model_dir, preset_config
+from shunter.engine.benchmarks.models import model_or_preset
 from shunter.engine.exec.params import SamplingParams
 from shunter.engine.exec.serving import TorchEngine, model_specs
 from shunter.engine.exec.sizing import KVNeed, serving_config
@@ -68,9 +68,7 @@ def bench_pipeline(
     """Run the comparison and yield the report's lines and figures."""
     torch.set_num_threads(threads or os.cpu_count() or 1)
     with tempfile.TemporaryDirectory(prefix="shunter-bench-") as tmp:
-        if model_dir is None:
-            yield f"writing {PRESET} (random weights) to a temporary directory"
-            model_dir = init_model_dir(Path(tmp) / PRESET, config=preset_config(PRESET), seed=0)
+        model_dir = yield from model_or_preset(tmp, model_dir, PRESET)
         prompts = random_prompts(batch, prompt_tokens)
         yield (
             f"{model_dir.name} on {device}, {torch.get_num_threads()} torch threads, "

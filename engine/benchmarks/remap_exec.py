@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from shunter.engine.checkpoint.random_weights import init_model_dir, preset_config
+from shunter.engine.benchmarks.models import model_or_preset
 from shunter.engine.config import RemapConfig
 from shunter.engine.exec.forced_remap import ForcedRemap
 from shunter.engine.exec.params import SamplingParams
@@ -48,9 +48,7 @@ def bench_remap_exec(
     dev = torch.device(device)
     settings = [0, *lent]
     with tempfile.TemporaryDirectory(prefix="shunter-bench-") as tmp:
-        if model_dir is None:
-            yield f"writing {PRESET} (random weights) to a temporary directory"
-            model_dir = init_model_dir(Path(tmp) / PRESET, config=preset_config(PRESET), seed=0)
+        model_dir = yield from model_or_preset(tmp, model_dir, PRESET)
         models = {MODEL: model_dir}
         specs = model_specs(models)
         num_layers = specs[0].num_layers

@@ -320,10 +320,9 @@ class Scheduler:
 
     def _inputs(self, plan: StepPlan) -> None:
         """What the executor reads for each batch entry (``StepPlan.block_tables``,
-        ``token_ids``), taken once the step's moves are planned: copies, since later
-        plans change the tables while this one may still run."""
+        ``token_ids``), taken once the step's moves are planned."""
         block_ids, requests = self.memory.block_ids, self.requests
-        plan.block_tables = {e.request_id: list(block_ids(e.request_id)) for e in plan.batch}
+        plan.block_tables = {e.request_id: block_ids(e.request_id) for e in plan.batch}
         plan.token_ids = {
             e.request_id: r.token_ids(e.num_computed_tokens, e.num_computed_tokens + e.num_tokens)
             for e in plan.batch
