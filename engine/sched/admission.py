@@ -51,6 +51,7 @@ class Admission:
     max_running: int
     swap: bool
     link_bytes_per_s: float | None
+    step_s: float | None = field(default=None, init=False)
     _joining: list[Request] = field(default_factory=list, init=False)
     _swap_s: Callable[[Request], float] | None = field(default=None, init=False)
 
@@ -115,6 +116,7 @@ class Admission:
                         blks=self.kv.of,
                         can_rotate=memory.can_swap_out,
                         swap_s=self._swap_s,
+                        step_s=self.step_s,
                         priority=self._priority,
                     )
                 )

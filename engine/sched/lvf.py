@@ -8,6 +8,7 @@ from operator import attrgetter
 
 from shunter.engine.request import Request, vlts
 from shunter.engine.sched.policy import Decision, Policy, PolicyInput, by_arrival
+from shunter.engine.sched.turn_length import SWITCH_COST_FACTOR
 
 
 class LvfPolicy(Policy):
@@ -148,6 +149,14 @@ class LvfPlusPolicy(LvfPolicy):
       the same requests do not cycle through the link every step. The wait is counted
       against the most lagging candidate now, admitted this step or not, so it errs
       long: toward keeping a request running.
+    - **Only once it ran long enough to pay for its rotation.** A rotation costs its
+      request the round trip of its KV and the step it sits out while its copies land
+      (``step_s``, the last step's duration); a request is rotated out only after it
+      has run ``SWITCH_COST_FACTOR`` (k = 4, as for temporal turns) times that since
+      it was brought in, so at most a fifth of its time goes to rotating. Without
+      it, slack regained in two or three fast tokens made a request eligible again,
+      and requests cycled through the link every few tokens (SIMULATED, c1 temporal
+      at 8 req/s: 119 rotations per request, 11 TB copied back in 105 s).
 
     - **Steps paced to the tightest TBT** (``paces``): a spatial model whose requests
       all have slack for two steps sits out a step that would run past the tightest TBT
@@ -172,8 +181,13 @@ class LvfPlusPolicy(LvfPolicy):
 
     def _victims(self, state: PolicyInput, max_lag: float) -> Iterator[Request]:
         swap_s, now = state.swap_s, state.now
+        step_s = 0.0 if state.step_s is None else state.step_s
         for r in _tail_first(state):
-            away = time_out(r, max_lag) + r.slo.tbt_s + (0.0 if swap_s is None else swap_s(r))
+            trip = 0.0 if swap_s is None else swap_s(r)
+            assert r.t_run is not None
+            if now - r.t_run < SWITCH_COST_FACTOR * (trip + step_s):
+                continue
+            away = time_out(r, max_lag) + r.slo.tbt_s + trip
             if tbt_slack(r, now) >= away:
                 yield r
 

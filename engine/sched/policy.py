@@ -30,7 +30,9 @@ class PolicyInput:
     policy preempts only those proactively. ``num_free_slots`` is how many more
     requests the running cap lets run now (engine-wide, before this decision).
     ``swap_s(r)``, where the link's rate is known, is the seconds the link takes to
-    copy a running request's KV out and back in. ``priority(r)`` is the priority of the
+    copy a running request's KV out and back in; ``step_s``, once a step has run, the
+    last step's duration (a swapped-in request sits out the step its copies take).
+    ``priority(r)`` is the priority of the
     tenant whose model r is for (``TenantSpec.priority``; higher first on equal lag).
     """
 
@@ -46,6 +48,7 @@ class PolicyInput:
     blks: Callable[[Sequence[Request]], list[int]]
     can_rotate: Callable[[Request], bool]
     swap_s: Callable[[Request], float] | None = None
+    step_s: float | None = None
     priority: Callable[[Request], int] | None = None
 
 

@@ -397,6 +397,7 @@ class Scheduler:
             self.step_budget.observe(
                 plan.num_batch_tokens, result.duration_s, passes, num_seqs=len(plan.batch)
             )
+        self.admission.step_s = result.duration_s
         if self.pacing is not None:
             self.pacing.observe(result.compute_s)
         if self.tenancy.turn_length.is_measuring:  # only the steps after a switch

@@ -104,6 +104,7 @@ class Book:
         xfer: int,
         slots: int | None = None,
         swap_s: Callable[[Request], float] | None = None,
+        step_s: float | None = None,
     ) -> PolicyInput:
         """The PolicyInput at ``now``; without ``slots`` the running cap leaves a slot
         for every request."""
@@ -120,6 +121,7 @@ class Book:
             blks=lambda requests: [self.blocks[r.id] for r in requests],
             can_rotate=lambda r: r.id not in self.pinned,
             swap_s=swap_s,
+            step_s=step_s,
         )
 
 

@@ -514,9 +514,9 @@ def test_lvf_plus_does_not_rotate_for_running_slots_alone() -> None:
     ("tokens", "rotated"),
     [
         (2, False),  # 2 x 0.1 - 0.2 = 0 s of slack
-        (7, False),  # 0.5 s: less than the 0.5 s round trip and a 0.1 s token gap
-        (10, False),  # 0.8 s covers both, not the 0.3 s on the host besides
-        (11, True),  # 0.9 s covers all three
+        (3, False),  # 0.1 s: less than the 0.04 s round trip and a 0.1 s token gap
+        (5, False),  # 0.3 s covers both, not the 0.3 s on the host besides
+        (7, True),  # 0.5 s covers all three
     ],
 )
 def test_lvf_plus_rotates_out_only_requests_whose_tbt_slack_covers_the_time_out(
@@ -524,7 +524,7 @@ def test_lvf_plus_rotates_out_only_requests_whose_tbt_slack_covers_the_time_out(
 ) -> None:
     """Fig. 9's second rotation: C and D have run 0.2 s when A and B lag. LVF swaps
     them at once; lvf+ only if their TBT slack covers their time out: the round trip of
-    their KV over the link (0.5 s here), the wait on the host until their VLT overtakes
+    their KV over the link (0.04 s here), the wait on the host until their VLT overtakes
     the most lagging candidate's (A's 0.6 s, growing one a second, against 3 a second
     from 0: 0.3 s) and one token gap (TBT 0.1 s)."""
     book = Book()
@@ -533,10 +533,33 @@ def test_lvf_plus_rotates_out_only_requests_whose_tbt_slack_covers_the_time_out(
     for name in ("C", "D"):
         r = book.add(name, R, t_run=1.0)
         r.t_first_token, r.num_output_tokens = 1.0, tokens
-    state = book.state(now=1.2, free=0, xfer=2, swap_s=lambda r: 0.5)
+    state = book.state(now=1.2, free=0, xfer=2, swap_s=lambda r: 0.04)
     assert sorted(ids(LvfPolicy().schedule(state).preempt)) == ["C", "D"]
     expected = ["C", "D"] if rotated else []
     assert sorted(ids(LvfPlusPolicy().schedule(state).preempt)) == expected
+
+
+@pytest.mark.parametrize(
+    ("ran_s", "rotated"),
+    [
+        (0.5, False),  # less than 4 x (0.05 s round trip + 0.1 s step) = 0.6 s
+        (0.7, True),
+    ],
+)
+def test_lvf_plus_rotates_out_only_requests_that_ran_k_times_what_a_rotation_costs(
+    ran_s: float, rotated: bool
+) -> None:
+    """A rotation costs its request the round trip of its KV and the step it sits out
+    while its copies land; lvf+ rotates out only a request that ran at least
+    ``SWITCH_COST_FACTOR`` (4) times that since it was brought in, however much TBT
+    slack it has, so at most a fifth of its time goes to rotating."""
+    book = Book()
+    book.add("A", S, t_arr=0.0, t_last=1.0)
+    run = book.add("run", R, t_run=10.0 - ran_s)
+    run.t_first_token, run.num_output_tokens = 0.0, 10**6
+    state = book.state(now=10.0, free=0, xfer=1, swap_s=lambda r: 0.05, step_s=0.1)
+    assert ids(LvfPolicy().schedule(state).preempt) == ["run"]
+    assert ids(LvfPlusPolicy().schedule(state).preempt) == (["run"] if rotated else [])
 
 
 def test_the_time_out_is_until_the_rotated_request_lags_most() -> None:
