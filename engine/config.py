@@ -224,8 +224,9 @@ class SchedulerConfig:
     (``sched.first_tokens``). None (the default, and the
     simulator's) keeps the fixed budget.
     ``link_bytes_per_s`` is the host link's rate in one direction where it is known (the
-    simulator's profile, a measured one): ``lvf+`` keeps a request running at least as
-    long as its KV's round trip over it takes. None: no such minimum.
+    simulator's profile, a measured one): ``lvf+`` counts its KV's round trip over it
+    in what a rotation costs a request (with the step it sits out), and keeps a request
+    running at least k times that. None: the step alone.
     """
 
     policy: str = "lvf+"

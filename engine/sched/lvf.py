@@ -68,8 +68,8 @@ class LvfPolicy(Policy):
         lagging candidate has VLT ``max_lag``."""
         return _tail_first(state)
 
-    def _rotates_for(self, vlt: float) -> bool:
-        """Whether a candidate with VLT ``vlt`` may take blocks that rotation frees
+    def _rotates_for(self, r: Request, vlt: float, now: float) -> bool:
+        """Whether candidate ``r``, with VLT ``vlt``, may take blocks that rotation frees
         (B_xfer), not only free ones: in Algorithm 1 every candidate with VLT >= 0."""
         return True
 
@@ -99,7 +99,9 @@ class LvfPolicy(Policy):
             if left <= 0:
                 break
             cost = costs[i]
-            if cost > left or (cost > left - xfer and not self._rotates_for(lag[i])):
+            if cost > left or (
+                cost > left - xfer and not self._rotates_for(candidates[i], lag[i], state.now)
+            ):
                 continue
             if len(admit) >= slots + len(victims):
                 # Another slot, from the tail, while the transfer budget lasts.
@@ -135,10 +137,13 @@ class LvfPlusPolicy(LvfPolicy):
       slots and nobody is preempted: a full running cap is a compute limit, and
       rotating for it only trades one request's progress for another's at the price of
       two copies. (Algorithm 1 frees slots for lagging requests; this does not.)
-    - **Only for a request that lags.** A candidate within its tolerance (VLT 0) is
-      admitted into free blocks only; nobody is rotated out for it, since it meets its
-      SLO waiting for them (and the request rotated out would wait for the memory it
-      holds, not for its VLT to come first).
+    - **Only for a request that lags and can still meet its SLO.** A candidate within
+      its tolerance (VLT 0) is admitted into free blocks only; nobody is rotated out for
+      it, since it meets its SLO waiting for them (and the request rotated out would
+      wait for the memory it holds, not for its VLT to come first). Nor for a waiting
+      request already past its TTFT target: a rotation would put another request's
+      TBT at risk for an SLO already missed. It still takes free blocks first, by its
+      lag.
     - **Only a request that can afford the time out is rotated out.** A running request
       is preempted only if its TBT slack (``tbt_slack``: how long it may pause and still
       meet its TBT SLO, a mean time per output token) covers its time out: its KV's
@@ -175,9 +180,10 @@ class LvfPlusPolicy(LvfPolicy):
             return Decision(admit=by_arrival(candidates)[: state.num_free_slots])
         return self._prioritize(state, candidates, costs)
 
-    def _rotates_for(self, vlt: float) -> bool:
-        # A candidate within its tolerance (VLT 0) meets its SLO waiting for free blocks.
-        return vlt > 0.0
+    def _rotates_for(self, r: Request, vlt: float, now: float) -> bool:
+        # A candidate within its tolerance (VLT 0) meets its SLO waiting for free blocks,
+        # and one whose first token is already late has no SLO left to gain by it.
+        return vlt > 0.0 and ttft_slack(r, now) > 0.0
 
     def _victims(self, state: PolicyInput, max_lag: float) -> Iterator[Request]:
         swap_s, now = state.swap_s, state.now

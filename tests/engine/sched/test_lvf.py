@@ -467,14 +467,17 @@ WITHIN_TOLERANCE = "prioritize: VLT 0 (within tolerance) still counts as >= 0"
     "case", [c for c in CASES if c.name != WITHIN_TOLERANCE], ids=lambda c: c.name
 )
 def test_lvf_plus_is_algorithm_1_when_memory_binds(case: Case) -> None:
-    """With a slot for every request, running requests far ahead of their TBT SLO and
-    no link rate, lvf+ decides as Algorithm 1 wherever the free blocks do not hold every
-    candidate, except that nobody is rotated out for a candidate that does not lag."""
+    """With a slot for every request, running requests far ahead of their TBT SLO,
+    candidates that cannot miss their TTFT target and no link rate, lvf+ decides as
+    Algorithm 1 wherever the free blocks do not hold every candidate, except that
+    nobody is rotated out for a candidate that does not lag."""
     book = Book()
     for name, state, blocks, times in case.requests:
         r = book.add(name, state, blocks, **times)
         if state is R:
             r.t_first_token, r.num_output_tokens = r.t_run, 10**6
+        # The same tolerance (beta_F x S_F = 2.5 s), and no TTFT target ever missed.
+        r.slo = dataclasses.replace(r.slo, ttft_s=1e6, beta_f=2.5e-6)
     state = book.state(case.now, case.free, case.xfer, case.slots)
     assert LvfPlusPolicy().schedule(state) == LvfPolicy().schedule(state)
 
@@ -492,6 +495,22 @@ def test_lvf_plus_rotates_nobody_out_for_a_candidate_within_its_tolerance() -> N
     assert ids(lagging.preempt) == ["run"] and ids(lagging.admit) == ["fresh"]
     # Free blocks it may take at once.
     assert ids(LvfPlusPolicy().schedule(book.state(10.0, 1, 1)).admit) == ["fresh"]
+
+
+def test_lvf_plus_rotates_nobody_out_for_a_candidate_whose_first_token_is_late() -> None:
+    """A waiting request past its TTFT target (5 s) has nothing left to gain from a
+    rotation: lvf+ gives it free blocks only (the first, by its lag), where LVF rotates
+    for it; a rotary request with its first token still has its TBT at stake."""
+    book = Book()
+    run = book.add("run", R, 1, t_run=0.0)
+    run.t_first_token, run.num_output_tokens = 0.0, 10**6
+    book.add("late", W, 1, t_arr=0.0)  # VLT 7.5 at t = 10, 5 s past its TTFT target
+    assert ids(LvfPolicy().schedule(book.state(10.0, 0, 1)).preempt) == ["run"]
+    assert LvfPlusPolicy().schedule(book.state(10.0, 0, 1)) == Decision()
+    assert ids(LvfPlusPolicy().schedule(book.state(10.0, 1, 1)).admit) == ["late"]
+    book.add("back", S, 1, t_arr=0.0, t_last=9.0).t_first_token = 1.0
+    plus = LvfPlusPolicy().schedule(book.state(10.0, 0, 1))
+    assert ids(plus.preempt) == ["run"] and ids(plus.admit) == ["back"]
 
 
 def test_lvf_plus_does_not_rotate_for_running_slots_alone() -> None:
@@ -554,7 +573,7 @@ def test_lvf_plus_rotates_out_only_requests_that_ran_k_times_what_a_rotation_cos
     ``SWITCH_COST_FACTOR`` (4) times that since it was brought in, however much TBT
     slack it has, so at most a fifth of its time goes to rotating."""
     book = Book()
-    book.add("A", S, t_arr=0.0, t_last=1.0)
+    book.add("A", S, t_arr=0.0, t_last=1.0).t_first_token = 0.5
     run = book.add("run", R, t_run=10.0 - ran_s)
     run.t_first_token, run.num_output_tokens = 0.0, 10**6
     state = book.state(now=10.0, free=0, xfer=1, swap_s=lambda r: 0.05, step_s=0.1)
