@@ -360,7 +360,15 @@ class Scheduler:
         share wait a step, the most slack first."""
         work = self._work(decodes, prefills, admit)
         total = budget.tokens_for(work.shape)
-        first = FirstTokens.of(admit, total, budget.target_s, now, self.memory.can_allocate)
+        first = FirstTokens.of(
+            admit,
+            total,
+            budget.target_s,
+            now,
+            self.memory.can_allocate,
+            prefills=prefills,
+            decodes=decodes,
+        )
         if first.light:  # the step runs less: its budget is that work's
             prefills, admit = first.prompts(prefills), first.prompts(admit)
             decodes = first.decodes(decodes)

@@ -38,14 +38,14 @@ def test_only_models_whose_admitted_prompts_fit_one_step_are_light() -> None:
         [*fan, quick], budget_tokens=64, step_s=0.05, now=1.0, fits=fits_anywhere
     )
     assert first.light == {"other"}  # 128 tokens of 16-token prompts do not fit in 64
-    assert first.sits_out("tiny") and not first.sits_out("other")
+    assert first.sits_out(fan[0]) and not first.sits_out(quick)
     assert first.prompts([*fan, quick]) == [quick]
     # A swap-in is no first token: its copy overlaps the step and it stays.
     back = _state(request("back", 16, 8), RequestState.ROTARY)
     assert first.prompts([back, quick]) == [back, quick]
     # Nothing light admitted: nothing sits out.
     heavy = FirstTokens.of(fan, budget_tokens=64, step_s=0.05, now=1.0, fits=fits_anywhere)
-    assert not heavy.light and heavy.prompts(fan) == fan and not heavy.sits_out("tiny")
+    assert not heavy.light and heavy.prompts(fan) == fan and not heavy.sits_out(fan[0])
 
 
 def test_work_without_slack_never_sits_out() -> None:
@@ -66,6 +66,52 @@ def test_work_without_slack_never_sits_out() -> None:
     # tokens its 2,000 need after it: it keeps its place.
     behind = _state(request("behind", 2000, 1, t_arr=-2.5), RequestState.RUNNING)
     assert not first.prompt_waits(behind)
+
+
+INTERACTIVE = SloSpec("interactive", ttft_s=1.0, tbt_s=0.05)
+BATCH = SloSpec("batch", ttft_s=60.0, tbt_s=0.5)
+
+
+def _of(rid: str, slo: SloSpec, prompt: int, *, model: str, t_arr: float = 0.9) -> Request:
+    return dataclasses.replace(request(rid, prompt, 8, t_arr=t_arr, model=model), slo=slo)
+
+
+def test_a_tighter_class_goes_first_whatever_its_length() -> None:
+    """An interactive prompt of 500 tokens does not fit a 64-token step, but a batch
+    tenant's decode beside it has time to spare: the chat model is light over every
+    step its prompt takes, admitted or running, and the batch decode sits them out. A
+    decode of a class tighter than the first token's never sits out."""
+    bulk = _state(_of("bulk", BATCH, 4, model="tiny"), RequestState.RUNNING, tokens=2, t_first=0.9)
+    chat = _of("chat", INTERACTIVE, 500, model="other")
+    first = FirstTokens.of([chat], 64, 0.05, now=1.0, fits=fits_anywhere, decodes=[bulk])
+    assert first.light == {"other"} and first.ttft_s == 1.0
+    assert first.decodes([bulk]) == []
+    chat.state, chat.num_computed_tokens = RequestState.RUNNING, 64  # its next chunk
+    later = FirstTokens.of(
+        [], 64, 0.05, now=1.0, fits=fits_anywhere, prefills=[chat], decodes=[bulk]
+    )
+    assert later.light == {"other"} and later.decodes([bulk]) == []
+    # A batch prompt that fits one step is light among batch work, yet an interactive
+    # decode of another model keeps its place.
+    small = _of("small", BATCH, 16, model="tiny")
+    tight = _state(
+        _of("tight", INTERACTIVE, 4, model="third"), RequestState.RUNNING, tokens=50, t_first=0.5
+    )
+    loose = FirstTokens.of([small], 64, 0.05, now=1.0, fits=fits_anywhere, decodes=[tight])
+    assert loose.light == {"tiny"} and loose.decodes([tight]) == [tight]
+
+
+def test_one_class_or_a_late_first_token_keeps_the_one_step_rule() -> None:
+    """Among work of one class, a prompt too long for one step is not light; nor is a
+    tighter-class prompt already past its TTFT target, which has nothing left to win."""
+    chat = _of("chat", INTERACTIVE, 500, model="other")
+    peer = _state(
+        _of("peer", INTERACTIVE, 4, model="tiny"), RequestState.RUNNING, tokens=2, t_first=0.9
+    )
+    assert not FirstTokens.of([chat], 64, 0.05, now=1.0, fits=fits_anywhere, decodes=[peer]).light
+    late = _of("late", INTERACTIVE, 500, model="other", t_arr=-5.0)
+    bulk = _state(_of("bulk", BATCH, 4, model="tiny"), RequestState.RUNNING, tokens=2, t_first=0.9)
+    assert not FirstTokens.of([late], 64, 0.05, now=1.0, fits=fits_anywhere, decodes=[bulk]).light
 
 
 def _fan_out_then_a_quick_request(target_s: float) -> tuple[EngineCore, list[Request], Request]:
