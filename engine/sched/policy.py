@@ -32,8 +32,8 @@ class PolicyInput:
     ``swap_s(r)``, where the link's rate is known, is the seconds the link takes to
     copy a running request's KV out and back in; ``step_s``, once a step has run, the
     last step's duration (a swapped-in request sits out the step its copies take).
-    ``priority(r)`` is the priority of the
-    tenant whose model r is for (``TenantSpec.priority``; higher first on equal lag).
+    ``priority(r)`` is the priority of the tenant whose model r is for
+    (``TenantSpec.priority``; higher first on equal lag).
     """
 
     model: str
