@@ -41,3 +41,6 @@ echo "== isolation (CPU, 2x tiny-llama, 2 ms step target): a quiet tenant's TTFT
 
 echo "== isolation, SIMULATED (GH200, scenario c1, six variants, the engine's 25 ms step target): a victim tenant's P99 TTFT alone vs beside a 10x batch aggressor"
 "${VENV:-.venv}/bin/shunter" bench isolation --on sim --scenario c1
+
+echo "== isolation, SIMULATED (GH200, scenario c2, the four variants that keep the victim's SLO): the same"
+"${VENV:-.venv}/bin/shunter" bench isolation --on sim --scenario c2 --variants vllm,lvf+,oneiros,combined+
