@@ -160,6 +160,16 @@ BENCHES: tuple[Bench, ...] = (
 )
 
 
+def select(names: Sequence[str], benches: Sequence[Bench] = BENCHES) -> list[Bench]:
+    """Every one of ``benches`` named in ``names`` (several commands share a name, as
+    the three isolation runs do), in their own order; ValueError for a name none has."""
+    known = dict.fromkeys(b.name for b in benches)
+    unknown = [name for name in names if name not in known]
+    if unknown or not names:
+        raise ValueError(f"--only takes names among {', '.join(known)}")
+    return [b for b in benches if b.name in names]
+
+
 @dataclass(frozen=True)
 class Verdict:
     """A row of the summary: what was expected under ``name``, what came (``figure``,

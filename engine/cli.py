@@ -117,7 +117,7 @@ def cmd_bench_remap(ns: argparse.Namespace) -> int:
 def _add_bench_check_parser(benches: argparse._SubParsersAction[Any]) -> None:
     from shunter.engine.benchcheck import BENCHES
 
-    names = [b.name for b in BENCHES]
+    names = list(dict.fromkeys(b.name for b in BENCHES))
     p = benches.add_parser(
         "check",
         help="run the benchmarks of `make bench`; fail when a figure misses its target by "
@@ -139,17 +139,14 @@ def _add_bench_check_parser(benches: argparse._SubParsersAction[Any]) -> None:
 
 
 def cmd_bench_check(ns: argparse.Namespace) -> int:
-    from shunter.engine.benchcheck import BENCHES, run_check
+    from shunter.engine.benchcheck import run_check, select
 
-    by_name = {b.name: b for b in BENCHES}
-    unknown = [name for name in ns.only if name not in by_name]
-    if unknown or not ns.only:
-        print(
-            f"shunter bench check: --only takes names among {', '.join(by_name)}",
-            file=sys.stderr,
-        )
+    try:
+        chosen = select(ns.only)
+    except ValueError as e:
+        print(f"shunter bench check: {e}", file=sys.stderr)
         return 2
-    return run_check([by_name[name] for name in ns.only])
+    return run_check(chosen)
 
 
 def _add_bench_isolation_parser(benches: argparse._SubParsersAction[Any]) -> None:

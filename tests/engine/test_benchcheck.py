@@ -20,6 +20,7 @@ from shunter.engine.benchcheck import (
     format_table,
     judge,
     run_check,
+    select,
     simulator_figures,
 )
 from shunter.engine.benchfigure import BenchFigure, write_figures
@@ -156,6 +157,15 @@ def test_check_fails_on_a_figure_past_its_margin_or_a_failed_benchmark(
     assert run_check([Bench("quiet"), *benches], failing) == 1
     out = capsys.readouterr().out
     assert "FAILED (exit status 3)" in out and "failed: quiet (run), timed (run)" in out
+
+
+def test_a_name_selects_every_command_of_that_name_once() -> None:
+    chosen = select(["isolation", "remap"])
+    assert [b.name for b in chosen] == ["remap", "isolation", "isolation", "isolation"]
+    assert len({b.label for b in chosen}) == 4  # the CPU phases and two simulated runs
+    assert select([b.name for b in BENCHES]) == list(BENCHES)
+    with pytest.raises(ValueError, match="among scheduler, remap"):
+        select(["nope"])
 
 
 def test_bench_check_help_and_a_wrong_name(capsys: pytest.CaptureFixture[str]) -> None:
