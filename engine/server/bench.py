@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from shunter.engine.checkpoint.random_weights import init_model_dir, preset_config
+from shunter.engine.benchmarks.models import model_or_preset
 from shunter.engine.exec.params import SamplingParams
 from shunter.engine.exec.serving import TorchEngine
 from shunter.engine.loadgen.engine_process import (
@@ -52,8 +52,7 @@ def bench_server(
     # oversubscribed thread pool swamps the overhead being measured.
     torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory(prefix="shunter-bench-") as tmp:
-        if model_dir is None:
-            model_dir = init_model_dir(Path(tmp) / PRESET, config=preset_config(PRESET), seed=0)
+        model_dir = yield from model_or_preset(tmp, model_dir, PRESET)
         settings = EngineSettings(models=(ModelArg(MODEL, model_dir),), kv_tokens=65536)
         prompts = random_prompts(requests, prompt_tokens)
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
