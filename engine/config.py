@@ -332,7 +332,8 @@ class EngineConfig:
     (``memory/prefix.py``); it needs requests' token ids, so it only acts where they
     are known. ``async_scheduling`` plans each step while the executor runs the one
     before (``EngineCore``): the host's planning leaves the critical path, at the cost
-    of one wasted entry for each request that stops on a token.
+    of one wasted entry for each request that stops on a token. On a CUDA device,
+    decode steps replay CUDA graphs (``exec/graphs.py``) unless ``enforce_eager``.
     """
 
     models: tuple[ModelSpec, ...]
@@ -347,6 +348,7 @@ class EngineConfig:
     check_integrity: bool = False
     prefix_caching: bool = False
     async_scheduling: bool = False
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         if not self.models:

@@ -103,6 +103,8 @@ class PagedAttentionPlan:
     table_lens: torch.Tensor = field(repr=False)
     tables: torch.Tensor = field(repr=False)
     positions: torch.Tensor = field(repr=False)
+    # A static decode plan (:func:`static_decode_plan`): device metadata only.
+    static: KernelMetadata | None = field(default=None, repr=False)
 
     @cached_property
     def groups(self) -> tuple[AttentionGroup, ...]:
@@ -117,6 +119,8 @@ class PagedAttentionPlan:
 
     @cached_property
     def kernel_metadata(self) -> KernelMetadata:
+        if self.static is not None:
+            return self.static
         q_lens = self.query_lens
         decode_seqs = torch.nonzero(q_lens == 1).flatten()
         prefill_seqs = torch.nonzero(q_lens > 1).flatten()
@@ -212,6 +216,64 @@ def plan_paged_attention(
     )
 
 
+def static_decode_plan(
+    *,
+    num_seqs: int,
+    max_blocks: int,
+    block_tokens: int,
+    slot_blocks: torch.Tensor,
+    slot_offsets: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    sliding_window: int | None = None,
+    decode_partition_tokens: int = DECODE_PARTITION_TOKENS,
+) -> PagedAttentionPlan:
+    """A plan of ``num_seqs`` decodes whose every input lives in device tensors the
+    caller fills before each use, so a CUDA graph captured over it stays valid: its
+    shapes, its launch grids and its buffers' addresses never change.
+
+    Sequence s writes its token's K and V at ``(slot_blocks[s], slot_offsets[s])``
+    (nothing when ``slot_blocks[s] < 0``: a padding row), attends to its first
+    ``context_lens[s]`` positions through the int32 ``block_tables[s]`` (``[num_seqs,
+    max_blocks]``), and is the s-th packed token. The decode grid covers
+    ``max_blocks * block_tokens`` positions whatever the lengths; partitions past a
+    sequence's context do no work.
+    """
+    device = slot_blocks.device
+    if block_tables.shape != (num_seqs, max_blocks) or block_tables.dtype != torch.int32:
+        raise ValueError(f"block_tables must be int32 [{num_seqs}, {max_blocks}]")
+    for name, t in (("slot_blocks", slot_blocks), ("slot_offsets", slot_offsets)):
+        if t.shape != (num_seqs,):
+            raise ValueError(f"{name} must be [{num_seqs}], got {tuple(t.shape)}")
+    if context_lens.shape != (num_seqs,) or context_lens.dtype != torch.int32:
+        raise ValueError(f"context_lens must be int32 [{num_seqs}]")
+    seqs = torch.arange(num_seqs, dtype=torch.int32, device=device)
+    metadata = KernelMetadata(
+        query_starts=torch.arange(num_seqs + 1, dtype=torch.int32, device=device),
+        context_lens=context_lens,
+        block_tables=block_tables,
+        decode_seqs=seqs,
+        prefill_tiles=torch.empty((0, 2), dtype=torch.int32, device=device),
+        max_decode_context=max_blocks * block_tokens,
+    )
+    ones = torch.ones(num_seqs, dtype=torch.int64)
+    return PagedAttentionPlan(
+        block_tokens=block_tokens,
+        num_tokens=num_seqs,
+        slot_blocks=slot_blocks,
+        slot_offsets=slot_offsets,
+        device=device,
+        sliding_window=sliding_window,
+        decode_partition_tokens=decode_partition_tokens,
+        query_lens=ones,
+        context_lens=ones,
+        table_lens=ones,
+        tables=torch.zeros((num_seqs, 1), dtype=torch.int64),
+        positions=torch.zeros(num_seqs, dtype=torch.int64),
+        static=metadata,
+    )
+
+
 def _padded_tables(block_tables: Sequence[Sequence[int]], seqs: Sequence[int]) -> torch.Tensor:
     """Block tables of ``seqs`` as one tensor, short ones padded with block 0 (masked)."""
     width = max(len(block_tables[s]) for s in seqs)
@@ -228,8 +290,12 @@ def write_kv(
 ) -> None:
     """Scatter this step's ``[num_tokens, num_kv_heads, head_dim]`` K and V into the cache."""
     check_write_kv(kv_cache, layer, key, value, plan)
-    kv_cache[plan.slot_blocks, layer, 0, plan.slot_offsets] = key.to(kv_cache.dtype)
-    kv_cache[plan.slot_blocks, layer, 1, plan.slot_offsets] = value.to(kv_cache.dtype)
+    blocks, offsets = plan.slot_blocks, plan.slot_offsets
+    if plan.static is not None:  # padding rows (a negative block) write nothing
+        real = blocks >= 0
+        blocks, offsets, key, value = blocks[real], offsets[real], key[real], value[real]
+    kv_cache[blocks, layer, 0, offsets] = key.to(kv_cache.dtype)
+    kv_cache[blocks, layer, 1, offsets] = value.to(kv_cache.dtype)
 
 
 def paged_attention(
@@ -249,6 +315,8 @@ def paged_attention(
     _, num_heads, head_dim = query.shape
     num_kv_heads = kv_cache.shape[4]
     layer_cache = kv_cache[:, layer]  # [num_blocks, 2, block_tokens, kv_heads, head_dim]
+    if plan.static is not None:
+        return _static_decode(query, layer_cache, plan, plan.static, scale)
     out = torch.empty_like(query)
     for group in plan.groups:
         num_seqs, max_q = group.token_index.shape
@@ -277,6 +345,34 @@ def paged_attention(
         result = result.permute(0, 3, 1, 2, 4).reshape(num_seqs * max_q, num_heads, head_dim)
         out[group.tokens] = result[group.valid_index].to(query.dtype)
     return out
+
+
+def _static_decode(
+    query: torch.Tensor,
+    layer_cache: torch.Tensor,
+    plan: PagedAttentionPlan,
+    meta: KernelMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """Decode attention read from a static plan's device metadata alone: every
+    sequence over its whole table width, masked past its context length."""
+    num_seqs, num_heads, head_dim = query.shape
+    num_kv_heads = layer_cache.shape[3]
+    group_size = num_heads // num_kv_heads
+    blocks = layer_cache[meta.block_tables.long()].float()
+    context = blocks.shape[1] * blocks.shape[3]
+    key = blocks[:, :, 0].reshape(num_seqs, context, num_kv_heads, head_dim).permute(0, 2, 1, 3)
+    value = blocks[:, :, 1].reshape(num_seqs, context, num_kv_heads, head_dim).permute(0, 2, 1, 3)
+    position = meta.context_lens.long()[:, None] - 1  # each query's own position
+    seen = torch.arange(context, device=query.device)[None, :]
+    mask = seen <= position
+    if plan.sliding_window is not None:
+        mask &= seen > position - plan.sliding_window
+    q = query.float().view(num_seqs, num_kv_heads, group_size, head_dim)
+    result = F.scaled_dot_product_attention(
+        q, key, value, attn_mask=mask[:, None, None, :], scale=scale
+    )
+    return result.reshape(num_seqs, num_heads, head_dim).to(query.dtype)
 
 
 def check_write_kv(

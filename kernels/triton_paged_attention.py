@@ -75,7 +75,10 @@ def _write_kv_kernel(
     slot = tl.load(slot_offsets_ptr + token).to(tl.int64)
     h = tl.arange(0, HEADS_PAD)
     d = tl.arange(0, HEAD_PAD)
-    mask = (h < num_kv_heads)[:, None] & (d < head_dim)[None, :]
+    # A static plan's padding rows have block -1: they write nothing.
+    heads = (h < num_kv_heads) & (h * 0 + block >= 0)
+    mask = heads[:, None] & (d < head_dim)[None, :]
+    block = tl.maximum(block, 0)
     dst = block * stride_cb + slot * stride_cs + h[:, None] * stride_ch + d[None, :]
     key = tl.load(key_ptr + token * stride_kt + h[:, None] * stride_kh + d[None, :], mask=mask)
     value = tl.load(value_ptr + token * stride_vt + h[:, None] * stride_vh + d[None, :], mask=mask)

@@ -23,6 +23,7 @@ from shunter.engine.exec.arena import DeviceArena
 from shunter.engine.exec.detok import token_bytes
 from shunter.engine.exec.forced_remap import ForcedRemap
 from shunter.engine.exec.forced_rotation import ForcedRotation
+from shunter.engine.exec.graphs import StaticDecode, capture_or_eager, graphs_apply
 from shunter.engine.exec.hf_config import (
     ArchConfig,
     eos_token_ids,
@@ -40,6 +41,7 @@ from shunter.engine.interfaces import MonotonicClock
 from shunter.engine.memory.kv_memory import KVMemory
 from shunter.engine.remap.timing import LayerTiming
 from shunter.engine.request import Request
+from shunter.kernels.ops import uses_triton
 
 DTYPE_NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
 
@@ -264,17 +266,28 @@ class TorchEngine:
 
     def _serve(self, p: PreparedModel, kv_cache: torch.Tensor) -> None:
         """Copy a prepared model into its pages (placed by the core) and run it."""
+        config = self.core.config
         layout = self.core.memory.weights[p.name]
         weights = self.arena.place_weights(p.host, p.packed, layout)
         served = ServedModel(
             model=Transformer(p.arch, weights),
             kv_cache=kv_cache,
-            block_tokens=self.core.config.block_tokens,
+            block_tokens=config.block_tokens,
             eos_token_ids=p.eos_token_ids,
             token_bytes=p.token_bytes,
             frames=WeightFrames(p.packed, self.arena.frames(layout, p.packed)),
             tokenizer_json=p.tokenizer_json,
         )
+        model = served.model
+        if not config.enforce_eager and uses_triton(kv_cache) and graphs_apply(model):
+            static = StaticDecode(
+                model,
+                kv_cache,
+                config.block_tokens,
+                max_batch=config.scheduler.max_running,
+                frames=served.frames,
+            )
+            served.static = capture_or_eager(static, p.name)
         self.executor.add_model(p.name, served)
 
     def add_request(

@@ -86,6 +86,7 @@ def serving_config(
     check_integrity: bool = False,
     prefix_caching: bool = False,
     async_scheduling: bool = False,
+    enforce_eager: bool = False,
 ) -> EngineConfig:
     """The engine configuration for serving ``needs`` concurrently.
 
@@ -119,6 +120,7 @@ def serving_config(
             check_integrity=check_integrity,
             prefix_caching=prefix_caching,
             async_scheduling=async_scheduling,
+            enforce_eager=enforce_eager,
         )
 
     def with_remap(c: EngineConfig) -> EngineConfig:

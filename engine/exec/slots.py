@@ -179,6 +179,11 @@ class SlotPass:
             for p in range(min(len(schedule.regions), len(schedule.layers))):
                 self._issue(p)
 
+    @property
+    def streams(self) -> bool:
+        """Whether the pass streams any layer into a slot."""
+        return bool(self.schedule.layers)
+
     def _issue(self, p: int) -> None:
         s = self.schedule
         slot = p % len(s.regions)

@@ -20,6 +20,7 @@ import torch
 from shunter.engine.exec.batch import ForwardBatch, SequenceChunk
 from shunter.engine.exec.detok import IncrementalDetokenizer
 from shunter.engine.exec.grammar import GrammarTokenizers, consume, mask_logits, new_matcher
+from shunter.engine.exec.graphs import StaticDecode
 from shunter.engine.exec.model import Transformer
 from shunter.engine.exec.params import SamplingParams, TokenLogprob
 from shunter.engine.exec.sampling import apply_penalties, request_generator, sample
@@ -46,6 +47,7 @@ class ServedModel:
     token_bytes: list[bytes]
     frames: WeightFrames | None = None
     tokenizer_json: str = ""  # for constrained output (``grammar``)
+    static: StaticDecode | None = None  # decode steps on static buffers (CUDA graphs)
 
 
 @dataclass
@@ -208,18 +210,24 @@ class TorchExecutor(Executor):
                 raise ValueError(f"step {plan.step}: no token ids for {e.request_id!r}")
             blocks = plan.block_tables[e.request_id]
             chunks.append(SequenceChunk(tokens, e.num_computed_tokens, blocks, e.samples))
-        batch = ForwardBatch.build(
-            chunks,
-            block_tokens=served.block_tokens,
-            device=served.model.device,
-            sliding_window=served.model.arch.sliding_window,
-        )
         layers: SlotPass | None = None
         if served.frames is not None:
             schedule = served.frames.schedule(plan.streams.get(model))
             layers = served.frames.begin(schedule, self._copies[served.model.device])
-        timer = _PassTimer(served.model.device)
-        logits = served.model.forward(batch, served.kv_cache, layers)
+        static = served.static
+        streams = layers is not None and layers.streams
+        if static is not None and static.fits(chunks, streams):
+            timer = _PassTimer(served.model.device)
+            logits = static.run(chunks)
+        else:
+            batch = ForwardBatch.build(
+                chunks,
+                block_tokens=served.block_tokens,
+                device=served.model.device,
+                sliding_window=served.model.arch.sliding_window,
+            )
+            timer = _PassTimer(served.model.device)
+            logits = served.model.forward(batch, served.kv_cache, layers)
         timer.stop(layers)
         if layers is not None:
             self.num_layers_streamed += layers.num_copies

@@ -121,6 +121,11 @@ def add_generate_parser(sub: argparse._SubParsersAction[Any]) -> None:
         "output handling leave the critical path)",
     )
     p.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="run decode steps eagerly, without CUDA graphs (CUDA devices only)",
+    )
+    p.add_argument(
         "--json",
         action="store_true",
         help="print JSON lines: one object per request in input order, then a summary",

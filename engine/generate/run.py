@@ -51,6 +51,7 @@ class GenerateOptions:
     check_integrity: bool = False
     prefix_caching: bool = False
     async_scheduling: bool = False
+    enforce_eager: bool = False
 
 
 @dataclass
@@ -81,6 +82,7 @@ def run_generate(requests: Sequence[GenerateRequest], options: GenerateOptions) 
         check_integrity=options.check_integrity,
         prefix_caching=options.prefix_caching,
         async_scheduling=options.async_scheduling,
+        enforce_eager=options.enforce_eager,
     )
     engine = TorchEngine(
         options.models,
@@ -246,5 +248,6 @@ def generate_from_args(ns: argparse.Namespace, *, check_integrity: bool = False)
         check_integrity=check_integrity,
         prefix_caching=ns.enable_prefix_caching,
         async_scheduling=ns.async_scheduling,
+        enforce_eager=ns.enforce_eager,
     )
     return run_generate(requests, options)

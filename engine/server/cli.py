@@ -116,6 +116,13 @@ def add_engine_parser(sub: argparse._SubParsersAction[Any]) -> None:
         "(default: the config's async_scheduling, else off)",
     )
     p.add_argument(
+        "--enforce-eager",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run decode steps eagerly, without CUDA graphs, as vLLM's flag of that name "
+        "(default: the config's enforce_eager, else graphs on CUDA)",
+    )
+    p.add_argument(
         "--check-integrity",
         action="store_true",
         help="debug: run the memory integrity check after every step",
@@ -149,6 +156,7 @@ def cmd_engine(ns: argparse.Namespace) -> int:
                 ("remap", ns.remap),
                 ("prefix_caching", ns.enable_prefix_caching),
                 ("async_scheduling", ns.async_scheduling),
+                ("enforce_eager", ns.enforce_eager),
                 ("step_target_s", None if ns.step_target_ms is None else ns.step_target_ms / 1000),
             )
             if value is not None

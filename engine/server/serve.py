@@ -55,6 +55,7 @@ def engine_config(settings: EngineSettings, *, check_integrity: bool = False) ->
         check_integrity=check_integrity,
         prefix_caching=settings.prefix_caching,
         async_scheduling=settings.async_scheduling,
+        enforce_eager=settings.enforce_eager,
     )
     return dataclasses.replace(
         config,

@@ -29,6 +29,7 @@ TOP_KEYS = {
     "remap",
     "prefix_caching",
     "async_scheduling",
+    "enforce_eager",
     "capacity_order",
     "grace_s",
     "max_sequences_per_request",
@@ -54,7 +55,8 @@ class EngineSettings:
     model (on by default, as in vLLM); only between requests of one tenant (the
     gateway's tenant header) unless the model's ``share_prefixes``.
     ``async_scheduling`` plans each step while the previous one runs (off by default:
-    a request that stops on a token costs one wasted entry in the next step)."""
+    a request that stops on a token costs one wasted entry in the next step).
+    ``enforce_eager`` runs decode steps without CUDA graphs."""
 
     models: tuple[ModelArg, ...]
     device: str | None = None
@@ -72,6 +74,7 @@ class EngineSettings:
     step_target_s: float | None = None
     prefix_caching: bool = True
     async_scheduling: bool = False
+    enforce_eager: bool = False
 
 
 def load_settings(config: Path | None, model_flags: Sequence[str]) -> EngineSettings:
@@ -120,6 +123,9 @@ def settings_from_dict(
     async_scheduling = data.get("async_scheduling", False)
     if not isinstance(async_scheduling, bool):
         raise SettingsError(f"{where}: async_scheduling must be true or false")
+    enforce_eager = data.get("enforce_eager", False)
+    if not isinstance(enforce_eager, bool):
+        raise SettingsError(f"{where}: enforce_eager must be true or false")
     order = data.get("capacity_order", list(CAPACITY_SOURCES))
     if not isinstance(order, list):
         raise SettingsError(f"{where}: capacity_order must be a list")
@@ -148,6 +154,7 @@ def settings_from_dict(
         step_target_s=None if step_target_ms is None else step_target_ms / 1000,
         prefix_caching=prefix_caching,
         async_scheduling=async_scheduling,
+        enforce_eager=enforce_eager,
     )
 
 

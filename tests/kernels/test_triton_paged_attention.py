@@ -191,3 +191,57 @@ def test_offsets_past_two_to_the_31_on_cuda() -> None:
     assert int(case.plan.slot_blocks.min()) >= 32_768  # every sequence's blocks are up there
     out, expected = triton_and_reference(case)
     torch.testing.assert_close(out, expected, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("window", [None, 20], ids=["full", "window"])
+@pytest.mark.parametrize("partition", [16, 512], ids=["split", "one-partition"])
+def test_a_static_decode_plan_with_padding_rows(partition: int, window: int | None) -> None:
+    """Decodes padded to a bucket, every table as wide as the plan's (stale ids past a
+    sequence's blocks), a grid over the whole width: both implementations give the
+    regular plan's attention for the real rows, and padding rows write no KV."""
+    from shunter.kernels import triton_paged_attention as tri
+
+    contexts, pads, max_blocks, block_tokens = [1, 9, 64, 65, 150], 3, 24, 8
+    case = paged_batch(
+        [(1, c) for c in contexts],
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=64,
+        block_tokens=block_tokens,
+        sliding_window=window,
+        decode_partition_tokens=partition,
+    )
+    n, size = len(contexts), len(contexts) + pads
+    stale = case.cache.shape[0] - 1
+    tables = torch.full((size, max_blocks), stale, dtype=torch.int32)
+    for s in range(n):
+        width = int(case.plan.table_lens[s])
+        tables[s, :width] = case.plan.tables[s, :width].to(torch.int32)
+    device = case.cache.device
+    plan = reference.static_decode_plan(
+        num_seqs=size,
+        max_blocks=max_blocks,
+        block_tokens=block_tokens,
+        slot_blocks=torch.cat([case.plan.slot_blocks, torch.full((pads,), -1, device=device)]),
+        slot_offsets=torch.cat([case.plan.slot_offsets, torch.zeros(pads, dtype=torch.int64)]),
+        context_lens=torch.tensor(contexts + [1] * pads, dtype=torch.int32, device=device),
+        block_tables=tables.to(device),
+        sliding_window=window,
+        decode_partition_tokens=partition,
+    )
+    gen = torch.Generator().manual_seed(5)
+
+    def padded(t: torch.Tensor) -> torch.Tensor:
+        return torch.cat([t, torch.randn(pads, *t.shape[1:], generator=gen).to(device)])
+
+    query, key, value = padded(case.query), padded(case.key), padded(case.value)
+    expected_cache = case.cache.clone()
+    reference.write_kv(expected_cache, LAYER, case.key, case.value, case.plan)
+    expected = reference.paged_attention(case.query, expected_cache, LAYER, case.plan, case.scale)
+    for implementation in (reference, tri):
+        cache = case.cache.clone()
+        implementation.write_kv(cache, LAYER, key, value, plan)
+        assert torch.equal(cache, expected_cache)
+        out = implementation.paged_attention(query, cache, LAYER, plan, case.scale)
+        assert out.shape == query.shape
+        torch.testing.assert_close(out[:n], expected, **FP32)

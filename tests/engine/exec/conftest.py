@@ -40,6 +40,21 @@ def tiny_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {name: init_model_dir(root / name, config=preset_config(name), seed=0) for name in TINY}
 
 
+# Layers of the models that lend some (a model keeps two).
+NUM_LAYERS = 12
+
+
+@pytest.fixture(scope="module")
+def deep_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Tiny models with enough layers to lend some."""
+    root = tmp_path_factory.mktemp("deep")
+    dirs = {}
+    for preset in ("tiny-llama", "tiny-qwen2"):
+        config = preset_config(preset) | {"num_hidden_layers": NUM_LAYERS}
+        dirs[preset] = init_model_dir(root / preset, config=config, seed=3)
+    return dirs
+
+
 def transformer(model_dir: Path) -> Transformer:
     loaded = load_model(model_dir, device=CPU)
     return Transformer(loaded.arch, loaded.weights)

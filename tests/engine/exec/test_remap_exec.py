@@ -27,21 +27,9 @@ from shunter.engine.exec.sizing import (
 from shunter.engine.memory.arena import FREE
 from shunter.engine.request import RequestState
 from shunter.project.cli import main
-from tests.engine.exec.conftest import CPU
+from tests.engine.exec.conftest import CPU, NUM_LAYERS
 
-NUM_LAYERS = 12
 GREEDY = SamplingParams(temperature=0.0)
-
-
-@pytest.fixture(scope="module")
-def deep_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Tiny models with enough layers to lend some (a model keeps two)."""
-    root = tmp_path_factory.mktemp("deep")
-    dirs = {}
-    for preset in ("tiny-llama", "tiny-qwen2"):
-        config = preset_config(preset) | {"num_hidden_layers": NUM_LAYERS}
-        dirs[preset] = init_model_dir(root / preset, config=config, seed=3)
-    return dirs
 
 
 def work(

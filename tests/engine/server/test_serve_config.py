@@ -75,3 +75,16 @@ def test_a_built_server_keeps_its_startup_objects_out_of_the_collectors_sight(
     engine = server.state.loop.engine
     assert gc.get_freeze_count() > 0
     assert all(o is not engine for o in gc.get_objects())
+
+
+def test_enforce_eager_reaches_the_engine_config(model_dirs: dict[str, Path]) -> None:
+    from shunter.project.cli import build_parser
+
+    settings = _settings(model_dirs)
+    assert not engine_config(settings).enforce_eager
+    assert engine_config(dataclasses.replace(settings, enforce_eager=True)).enforce_eager
+    parser = build_parser()
+    assert parser.parse_args(["engine", "--enforce-eager"]).enforce_eager is True
+    assert parser.parse_args(["engine"]).enforce_eager is None  # the config decides
+    generate = ["generate", "--model", "m=/x", "--prompt", "hi", "--max-tokens", "1"]
+    assert parser.parse_args([*generate, "--enforce-eager"]).enforce_eager is True

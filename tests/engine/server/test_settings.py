@@ -50,6 +50,7 @@ def test_config_file_and_flags_combine(tmp_path: Path) -> None:
         ('[[models]]\nname = "a"\npath = "/a"\nmax_context = 0\n', "max_context"),
         ('[[models]]\nname = "a"\npath = "/a"\nmax_context = "8k"\n', "max_context"),
         ('async_scheduling = "yes"\n[[models]]\nname = "a"\npath = "/a"\n', "async_scheduling"),
+        ('enforce_eager = 1\n[[models]]\nname = "a"\npath = "/a"\n', "enforce_eager"),
     ],
 )
 def test_bad_config_files(tmp_path: Path, text: str, message: str) -> None:
@@ -69,6 +70,7 @@ def test_the_shipped_example_config_parses() -> None:
     settings = load_settings(example, [])
     assert settings.remap and settings.capacity_order[0] == "free"
     assert settings.prefix_caching and not settings.async_scheduling
+    assert not settings.enforce_eager  # CUDA graphs where the device has them
     assert {m.sharing for m in settings.models} <= {"spatial", "temporal"}
 
 
