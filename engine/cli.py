@@ -24,6 +24,7 @@ def register(
     gateway's) among the benchmarks: the engine imports no other package."""
     from shunter.engine.benchmarks.cli import (
         add_bench_executor_parser,
+        add_bench_graphs_parser,
         add_bench_pipeline_parser,
         add_bench_remap_exec_parser,
     )
@@ -52,6 +53,7 @@ def register(
     add_bench_executor_parser(benches)
     add_bench_remap_exec_parser(benches)
     add_bench_pipeline_parser(benches)
+    add_bench_graphs_parser(benches)
     add_bench_server_parser(benches)
     add_bench_prefix_parser(benches)
     _add_bench_isolation_parser(benches)

@@ -96,6 +96,8 @@ step bench-exec-8b 120 shunter bench executor --device cuda --model "$MODELS/lla
   --prompts 64 --prompt-tokens 128 --max-tokens 32
 step bench-remap-8b 90 shunter bench remap-exec --device cuda --model "$MODELS/llama-3-8b-4l" \
   --lent 1,2 --prompts 64
+# Decode steps at batch 1/16/64/256: CUDA graphs against eager, and the HBM roofline.
+step bench-graphs-8b 120 shunter bench graphs --device cuda --model "$MODELS/llama-3-8b-4l"
 # End to end on the device: the demo's two models (8 layers each, a 12 MiB arena with
 # remapping, so bursts rotate KV to host memory and borrow the temporal model's layers)
 # behind `shunter engine --device cuda`, loaded by `shunter bench serve`.

@@ -86,6 +86,50 @@ def cmd_bench_pipeline(ns: argparse.Namespace) -> int:
     )
 
 
+def add_bench_graphs_parser(benches: argparse._SubParsersAction[Any]) -> None:
+    """Add ``bench graphs``: a decode step replayed from CUDA graphs against eager."""
+    p = benches.add_parser(
+        "graphs",
+        help="decode step time with CUDA graphs vs eager, against the HBM roofline",
+        description="Write small-llama (random weights) to a temporary directory unless "
+        "--model names one, and time decode steps of each batch size at --context tokens "
+        "through the model: the eager pass against the static pass that replays CUDA "
+        "graphs (on CUDA; elsewhere it runs eagerly), alternated, with the HBM roofline "
+        "of the device's hardware profile. Host wall time, device synchronized each step.",
+    )
+    add_bench_arguments(p, preset="small-llama", rounds=3, device=True)
+    p.add_argument(
+        "--batches",
+        type=comma_ints,
+        default=(1, 16, 64, 256),
+        metavar="B,B",
+        help="batch sizes (default 1,16,64,256)",
+    )
+    p.add_argument(
+        "--context", type=positive_int, default=512, help="tokens per request (default 512)"
+    )
+    p.add_argument(
+        "--steps", type=positive_int, default=20, help="timed steps a round (default 20)"
+    )
+    p.set_defaults(func=cmd_bench_graphs)
+
+
+def cmd_bench_graphs(ns: argparse.Namespace) -> int:
+    from shunter.engine.benchmarks.graphs import bench_graphs
+
+    return print_report(
+        bench_graphs(
+            model_dir=ns.model,
+            batches=ns.batches,
+            context=ns.context,
+            steps=ns.steps,
+            rounds=ns.rounds,
+            threads=ns.threads,
+            device=ns.device,
+        )
+    )
+
+
 def add_bench_remap_exec_parser(benches: argparse._SubParsersAction[Any]) -> None:
     """Add ``bench remap-exec``: a decode step with k layers streamed against none."""
     p = benches.add_parser(
