@@ -124,12 +124,11 @@ def _alternated(
 def _step_bytes(weights: ModelWeights, kv: torch.Tensor, batch: int, context: int) -> int:
     """What a decode step reads at least: every decoder layer's tensors, the final norm
     and the LM head (the embedding reads one row a token), and each request's KV."""
-    layers = sum(
-        t.nbytes for layer in weights.layers for t in vars(layer).values() if t is not None
-    )
-    head = weights.lm_head.nbytes + weights.final_norm.nbytes
-    per_token = kv[0].nbytes // kv.shape[3]  # one token of every layer, K and V
-    return layers + head + batch * context * per_token
+    tensors: list[torch.Tensor] = [weights.lm_head, weights.final_norm]
+    for layer in weights.layers:
+        tensors.extend(t for t in vars(layer).values() if t is not None)
+    per_token: int = kv[0].nbytes // kv.shape[3]  # one token of every layer, K and V
+    return sum(t.nbytes for t in tensors) + batch * context * per_token
 
 
 def _bandwidth(device: torch.device) -> float | None:
