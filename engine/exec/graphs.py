@@ -24,6 +24,7 @@ same static pass eagerly, which is how the padding and the buffers are tested on
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -270,10 +271,20 @@ class StaticDecode:
 
 
 def capture_or_eager(static: StaticDecode, model_name: str) -> StaticDecode | None:
-    """Capture ``static``'s graphs; on a failure say why and return None (eager)."""
+    """Capture ``static``'s graphs and log what it took, as vLLM does at start; on a
+    failure say why and return None (the model decodes eagerly)."""
+    t0 = time.perf_counter()
     try:
         static.capture()
     except RuntimeError as exc:  # a kernel or allocation the capture does not allow
         log.warning("%s: CUDA graphs not captured, decode runs eager: %s", model_name, exc)
         return None
+    log.info(
+        "%s: captured %d CUDA graphs (decode batches up to %d, contexts up to %d) in %.1f s",
+        model_name,
+        static.num_captures,
+        static.max_batch,
+        static.max_context,
+        time.perf_counter() - t0,
+    )
     return static

@@ -12,7 +12,12 @@ import torch
 from shunter.engine.config import RemapConfig
 from shunter.engine.exec.batch import ForwardBatch, SequenceChunk
 from shunter.engine.exec.forced_remap import ForcedRemap
-from shunter.engine.exec.graphs import MAX_GRAPH_BATCH, StaticDecode, graph_batch_sizes
+from shunter.engine.exec.graphs import (
+    MAX_GRAPH_BATCH,
+    StaticDecode,
+    capture_or_eager,
+    graph_batch_sizes,
+)
 from shunter.engine.exec.model import Transformer
 from shunter.engine.exec.serving import TorchEngine
 from tests.engine.exec.conftest import CPU, new_cache, transformer
@@ -134,6 +139,16 @@ def test_steps_a_static_pass_cannot_run_fall_back(tiny_dirs: dict[str, Path]) ->
     table = list(range(MAX_CONTEXT // BLOCK_TOKENS + 1))
     assert static.fits([SequenceChunk([5], MAX_CONTEXT - 1, table, samples=True)], streams=False)
     assert not static.fits([SequenceChunk([5], MAX_CONTEXT, table, samples=True)], streams=False)
+
+
+def test_a_capture_that_fails_leaves_the_model_eager(
+    tiny_dirs: dict[str, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    model = transformer(tiny_dirs["tiny-llama"])
+    static = StaticDecode(model, new_cache(model, 4, BLOCK_TOKENS), BLOCK_TOKENS, max_batch=4)
+    with caplog.at_level("WARNING"):
+        assert capture_or_eager(static, "m") is None  # no CUDA here
+    assert "m: CUDA graphs not captured, decode runs eager: CUDA graphs need a CUDA" in caplog.text
 
 
 def test_a_mixture_of_experts_has_no_static_pass(tiny_dirs: dict[str, Path]) -> None:
