@@ -18,6 +18,7 @@ from shunter.engine.exec.graphs import (
     capture_or_eager,
     graph_batch_sizes,
 )
+from shunter.engine.exec.loader import load_model
 from shunter.engine.exec.model import Transformer
 from shunter.engine.exec.serving import TorchEngine
 from tests.engine.exec.conftest import CPU, new_cache, transformer
@@ -212,9 +213,8 @@ def test_static_steps_keep_every_token_while_layers_are_lent_and_come_back(
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_captured_graphs_replay_the_eager_logits_on_cuda(tiny_dirs: dict[str, Path]) -> None:
     """Captured once, replayed for two batches of different sizes and tables."""
-    cpu_model = transformer(tiny_dirs["tiny-llama"])
-    cuda = torch.device("cuda")
-    model = Transformer(cpu_model.arch, cpu_model.weights.map(lambda t: t.to(cuda)))
+    loaded = load_model(tiny_dirs["tiny-llama"], device=torch.device("cuda"))
+    model = Transformer(loaded.arch, loaded.weights)
     cache, chunks = prefilled(model, 6, spare_blocks=12)
     static = StaticDecode(model, cache, BLOCK_TOKENS, max_batch=8, max_context=MAX_CONTEXT)
     before = cache.clone()
