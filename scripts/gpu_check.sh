@@ -128,6 +128,7 @@ state = json.load(sys.stdin)
 print(json.dumps({k: state[k] for k in ("memory", "transfers", "remap") if k in state})[:3000])'
   kill -TERM "$pid"
   wait "$pid"
+  grep -i "cuda graphs" "$REPORT/engine.log"  # what the capture took, or why it failed
   tail -5 "$REPORT/engine.log"
   return "$rc"
 }
