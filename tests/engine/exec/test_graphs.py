@@ -3,7 +3,9 @@ eager pass's logits, KV and tokens; the capture itself runs wherever CUDA does."
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from shunter.engine.exec.batch import ForwardBatch, SequenceChunk
 from shunter.engine.exec.forced_remap import ForcedRemap
 from shunter.engine.exec.graphs import (
     MAX_GRAPH_BATCH,
+    MAX_LAYOUTS,
     StaticDecode,
     capture_or_eager,
     graph_batch_sizes,
@@ -21,7 +24,7 @@ from shunter.engine.exec.graphs import (
 from shunter.engine.exec.loader import load_model
 from shunter.engine.exec.model import Transformer
 from shunter.engine.exec.serving import TorchEngine
-from tests.engine.exec.conftest import CPU, new_cache, transformer
+from tests.engine.exec.conftest import CPU, NUM_LAYERS, new_cache, transformer
 from tests.engine.exec.test_remap_exec import GREEDY, assert_frames_agree, config_for, run, work
 
 BLOCK_TOKENS = 4
@@ -207,6 +210,69 @@ def test_static_steps_keep_every_token_while_layers_are_lent_and_come_back(
     assert static_passes > 0
     # Prefills and the steps that streamed layers ran eager.
     assert static_passes < engine.totals.steps * len(statics)
+
+
+class _FakeGraph:
+    """Stands in for ``torch.cuda.CUDAGraph`` where CUDA is missing: counts replays."""
+
+    def __init__(self) -> None:
+        self.replays = 0
+
+    def replay(self) -> None:
+        self.replays += 1
+
+    def pool(self) -> str:
+        return "pool"
+
+
+def test_each_layout_gets_its_graphs_and_the_most_recent_are_kept(
+    deep_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bookkeeping of captured graphs, with CUDA's capture replaced (its passes run
+    eagerly inside): a graph per bucket and layout, captured once, replayed after; a
+    layout the frames move to gets its own; the ``MAX_LAYOUTS`` most recent stay."""
+    pools = []
+
+    @contextlib.contextmanager
+    def capture(graph: _FakeGraph, *, pool: object, capture_error_mode: str) -> Iterator[None]:
+        assert capture_error_mode == "thread_local"
+        pools.append(pool)
+        yield
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", capture)
+    requests = work(2, seed=1)
+    engine = TorchEngine(deep_dirs, config_for(deep_dirs, requests), device=CPU)
+    served = engine.executor.models["tiny-llama"]
+    assert served.frames is not None
+    # Its layers from the arena's frames, its KV in a cache of its own.
+    cache = new_cache(served.model, 4, BLOCK_TOKENS)
+    static = StaticDecode(served.model, cache, BLOCK_TOKENS, max_batch=8, frames=served.frames)
+    static.captured = True  # as capture() leaves it
+    step = [SequenceChunk([5], 9, [3, 2, 1], samples=True)]
+    assert static.run(step).shape[0] == 1
+    static.run(step)
+    static.run(step * 3)  # bucket 4
+    assert (static.num_captures, static.num_replays) == (2, 3)
+    # Swap two layers' frames, as a restore into another frame leaves them, and back.
+    frame_of = served.frames.frame_of
+    home = dict(frame_of)
+    layouts = [home]
+    for other in range(1, NUM_LAYERS):
+        moved = dict(home)
+        moved[0], moved[other] = home[other], home[0]
+        layouts.append(moved)
+    for layout in layouts[: MAX_LAYOUTS + 1]:
+        frame_of.clear()
+        frame_of.update(layout)
+        static.run(step)
+    # Home, then MAX_LAYOUTS others: home's graphs went, each other layout has one.
+    assert static.num_captures == 2 + MAX_LAYOUTS
+    frame_of.clear()
+    frame_of.update(home)
+    static.run(step)
+    assert static.num_captures == 3 + MAX_LAYOUTS  # captured again
+    assert pools == [None] + ["pool"] * (2 + MAX_LAYOUTS)  # one memory pool
 
 
 @pytest.mark.gpu
