@@ -320,13 +320,8 @@ def paged_attention(
     out = torch.empty_like(query)
     for group in plan.groups:
         num_seqs, max_q = group.token_index.shape
-        blocks = layer_cache[group.block_tables].float()
-        context = blocks.shape[1] * blocks.shape[3]
-        # [seqs, kv_heads, context, head_dim]
-        key = blocks[:, :, 0].reshape(num_seqs, context, num_kv_heads, head_dim)
-        value = blocks[:, :, 1].reshape(num_seqs, context, num_kv_heads, head_dim)
-        key = key.permute(0, 2, 1, 3)
-        value = value.permute(0, 2, 1, 3)
+        key, value = _context_kv(layer_cache, group.block_tables)
+        context = key.shape[2]
         # [seqs, kv_heads, group_size * max_q, head_dim]: a KV head's query group is
         # one run of rows, so the fused attention (one pass of scores, mask, softmax
         # and weighted sum, without the scores in memory) serves GQA as it is.
@@ -347,6 +342,19 @@ def paged_attention(
     return out
 
 
+def _context_kv(
+    layer_cache: torch.Tensor, tables: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float32 K and V of every position of ``tables``' blocks, ``[seqs, kv_heads,
+    context, head_dim]``, gathered from one layer's cache."""
+    blocks = layer_cache[tables].float()
+    num_seqs, width, _, block_tokens, num_kv_heads, head_dim = blocks.shape
+    shape = (num_seqs, width * block_tokens, num_kv_heads, head_dim)
+    key = blocks[:, :, 0].reshape(shape).permute(0, 2, 1, 3)
+    value = blocks[:, :, 1].reshape(shape).permute(0, 2, 1, 3)
+    return key, value
+
+
 def _static_decode(
     query: torch.Tensor,
     layer_cache: torch.Tensor,
@@ -359,10 +367,8 @@ def _static_decode(
     num_seqs, num_heads, head_dim = query.shape
     num_kv_heads = layer_cache.shape[3]
     group_size = num_heads // num_kv_heads
-    blocks = layer_cache[meta.block_tables.long()].float()
-    context = blocks.shape[1] * blocks.shape[3]
-    key = blocks[:, :, 0].reshape(num_seqs, context, num_kv_heads, head_dim).permute(0, 2, 1, 3)
-    value = blocks[:, :, 1].reshape(num_seqs, context, num_kv_heads, head_dim).permute(0, 2, 1, 3)
+    key, value = _context_kv(layer_cache, meta.block_tables.long())
+    context = key.shape[2]
     position = meta.context_lens.long()[:, None] - 1  # each query's own position
     seen = torch.arange(context, device=query.device)[None, :]
     mask = seen <= position

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from shunter.engine.benchmarks.models import model_or_preset
+from shunter.engine.calibrate.device import synchronize
 from shunter.engine.exec.batch import ForwardBatch, SequenceChunk
 from shunter.engine.exec.graphs import StaticDecode
 from shunter.engine.exec.loader import ModelWeights, load_model
@@ -109,11 +110,11 @@ def _alternated(
     """Median seconds a step of ``a`` and of ``b``, after a warm-up of each."""
 
     def timed(fn: Callable[[], None]) -> float:
-        _synchronize(device)
+        synchronize(device)
         t0 = time.perf_counter()
         for _ in range(steps):
             fn()
-            _synchronize(device)
+            synchronize(device)
         return (time.perf_counter() - t0) / steps
 
     timed(a), timed(b)
@@ -139,8 +140,3 @@ def _bandwidth(device: torch.device) -> float | None:
         if marker in name:
             return get_profile(profile).hbm_bw
     return None
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
