@@ -191,3 +191,19 @@ def vlts(requests: Iterable[Request], now: float, *, paused: bool = False) -> li
             lag = now - r.t_arr - slo.beta_f * slo.ttft_s
             out.append(lag if lag > 0.0 else 0.0)
     return out
+
+
+def slo_slacks(requests: Iterable[Request], now: float) -> list[float]:
+    """Seconds each request may wait from ``now`` for its next token and still meet its
+    SLO: before its first token, what its TTFT target leaves of its wait; after n
+    tokens, n x TBT less the time since its first token (the TBT target is a mean time
+    per output token, so a token on time at the end of that budget still meets it).
+    Negative once the request would miss its SLO if its next token came now."""
+    out: list[float] = []
+    for r in requests:
+        slo = r.slo
+        if r.t_first_token is None or r.num_output_tokens < 1:
+            out.append(r.t_arr + slo.ttft_s - now)
+        else:
+            out.append(r.num_output_tokens * slo.tbt_s - (now - r.t_first_token))
+    return out

@@ -16,7 +16,7 @@ from shunter.engine.memory.kv_memory import KVMemory
 from shunter.engine.request import Request
 from shunter.engine.sched.pressure import KvBytes
 from shunter.engine.sched.queues import RequestQueues
-from shunter.engine.sched.tenancy import Lag
+from shunter.engine.sched.tenancy import Urgency
 
 
 class Capacity:
@@ -60,7 +60,11 @@ class Capacity:
                     short[m] = lack
 
     def reclaim(
-        self, short: Mapping[str, int], executing: Sequence[str], lag: Lag, vacating_bytes: int
+        self,
+        short: Mapping[str, int],
+        executing: Sequence[str],
+        urgency: Urgency,
+        vacating_bytes: int,
     ) -> None:
         """Move capacity to the models that ran ``short`` and to ``vacating_bytes`` of
         frames being restored: the other model with the most free blocks compacts (one
@@ -68,13 +72,13 @@ class Capacity:
         no more: it would claim the rest again, chunks thrashing between pools every
         step. One that did not gives back every empty chunk, so that the free pages, not
         rotation, serve the next steps' admissions. When every model holding free blocks
-        is short itself, the one whose most lagging request lags most (``lag``) is served
+        is short itself, the most urgent one (``urgency``, as for turns) is served
         and the others give back to it, or no one would ever get enough."""
         memory = self.memory
         need = sum(short.values())
         others = [m for m in self.queues if m not in short]
         if len(short) > 1 and not any(map(memory.num_held_free_blocks, others)):
-            first = max(short, key=lag)
+            first = max(short, key=urgency)
             need = short[first]
             others = [m for m in short if m != first]
         need += vacating_bytes

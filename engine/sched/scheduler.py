@@ -272,8 +272,8 @@ class Scheduler:
         self.memory.begin_step(plan)
         for q in self.queues.values():
             q.land(self.memory.has_landed)
-        lag = self.turns.lag(now)
-        executing = self.tenancy.executing(now, self.turns.has_work, lag)
+        urgency = self.turns.urgency(now)
+        executing = self.tenancy.executing(now, self.turns.has_work, urgency)
         if self.remapper is not None:
             pressure = self.kv.pressure(
                 executing,
@@ -290,7 +290,7 @@ class Scheduler:
                 # Only a paused model's cap depends on it (an active one's is a decode's).
                 decoding={m for m, q in self.queues.items() if m not in active and q.is_decoding()},
                 t_last_active=self.tenancy.t_last_active,
-                run_next=self.tenancy.run_next(self.turns.has_work, lag),
+                run_next=self.tenancy.run_next(self.turns.has_work, urgency),
                 idle=not self.requests,
             )
         short: dict[str, int] = {}  # model -> KV bytes it lacked this step
@@ -312,7 +312,7 @@ class Scheduler:
             self.remapper.stream(plan)
         self.memory.rotate()
         vacating = 0 if self.remapper is None else self.remapper.vacating_bytes
-        self.capacity.reclaim(short, executing, self.turns.lag(now), vacating)
+        self.capacity.reclaim(short, executing, self.turns.urgency(now), vacating)
         self.memory.end_step()
         self._inputs(plan)
         self._advance(plan)

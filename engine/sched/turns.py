@@ -1,7 +1,7 @@
 """What the turns ask of the queues, and how a step ends the holder's turn.
 
 The turn rules live in ``tenancy``; this is the Scheduler's side of them: which models
-have work, how far each lags (``Lag``), and after a step's admissions, whether the turn
+have work, how urgent each is (``Urgency``), and after a step's admissions, whether the turn
 holder got anything done with it.
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from shunter.engine.plan import StepPlan
-from shunter.engine.request import vlts
+from shunter.engine.request import slo_slacks
 from shunter.engine.sched.queues import RequestQueues
-from shunter.engine.sched.tenancy import Lag, Tenancy
+from shunter.engine.sched.tenancy import Tenancy, Urgency
 
 
 class Turns:
@@ -25,24 +25,25 @@ class Turns:
     def has_work(self, model: str) -> bool:
         return len(self.queues[model]) > 0
 
-    def lag(self, now: float) -> Lag:
-        """The VLT of a model's most lagging request, its running requests lagging as
-        rotary ones while the model does not execute. Each answer is kept (the turn
-        decision and the run-next order ask again): use it while the queues stay as
-        they are."""
-        known: dict[tuple[str, bool], float] = {}
+    def urgency(self, now: float) -> Urgency:
+        """From the SLO slack of every request of a model, whatever its state (a paused
+        model's running requests lose slack as waiting ones do): whether one can still
+        meet its SLO, and minus the least slack among those that can (else among all).
+        Each answer is kept (the turn decision and the run-next order ask again): use it
+        while the queues stay as they are."""
+        known: dict[str, tuple[bool, float]] = {}
 
-        def lag(model: str) -> float:
-            paused = not self.tenancy.is_active(model)
-            value = known.get((model, paused))
+        def urgency(model: str) -> tuple[bool, float]:
+            value = known.get(model)
             if value is None:
                 q = self.queues[model]
                 groups = (q.waiting, q.rotary, q.landing, q.running)
-                vs = (v for g in groups if g for v in vlts(g.values(), now, paused=paused))
-                value = known[model, paused] = max(vs)
+                slacks = [s for g in groups if g for s in slo_slacks(g.values(), now)]
+                in_time = [s for s in slacks if s >= 0.0]
+                value = known[model] = (bool(in_time), -min(in_time or slacks))
             return value
 
-        return lag
+        return urgency
 
     def end_step(
         self, executing: list[str], plan: StepPlan, sitting_out: set[str], now: float
@@ -54,7 +55,7 @@ class Turns:
             if self._progressed(holder, plan, sitting_out):
                 self.tenancy.memory_changed()
             else:
-                self.tenancy.pass_turn(now, self.has_work, self.lag(now))  # queues changed
+                self.tenancy.pass_turn(now, self.has_work, self.urgency(now))  # queues changed
 
     def _progressed(self, model: str, plan: StepPlan, sitting_out: set[str]) -> bool:
         """Whether ``model`` computes, brings a request in, or waits for copies of its

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shunter.engine.config import SloSpec
-from shunter.engine.request import Request, RequestState
+from shunter.engine.request import Request, RequestState, slo_slacks
 
 
 def make(state: RequestState, slo: SloSpec, **times: float | None) -> Request:
@@ -46,6 +46,17 @@ def test_vlt(
     state: RequestState, slo: SloSpec, times: dict[str, float | None], now: float, expected: float
 ) -> None:
     assert make(state, slo, **times).vlt(now) == pytest.approx(expected)
+
+
+def test_slo_slack_is_the_ttft_left_then_the_mean_token_budget_left() -> None:
+    waiting = make(RequestState.WAITING, PAPER)  # arrived at 10 s, TTFT target 5 s
+    decoding = make(RequestState.RUNNING, PAPER, t_first_token=20.0, num_output_tokens=3)
+    rotary = make(RequestState.ROTARY, PAPER, t_first_token=20.0, num_output_tokens=3)
+    # Waiting: 5 s less its wait. After 3 tokens: 3 x 0.1 s since the first, whatever
+    # the state; negative once a token now would miss the SLO.
+    assert slo_slacks([waiting], 11.0) == pytest.approx([4.0])
+    assert slo_slacks([waiting, decoding, rotary], 20.1) == pytest.approx([-5.1, 0.2, 0.2])
+    assert slo_slacks([decoding], 20.5) == pytest.approx([-0.2])
 
 
 def test_token_accounting_and_latencies() -> None:

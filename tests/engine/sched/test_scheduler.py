@@ -246,20 +246,23 @@ def test_an_executing_model_gives_back_only_the_chunks_another_lacks_an_idle_one
 
 def test_temporal_models_take_turns_and_a_blocked_holder_passes_the_turn() -> None:
     tenants = (TenantSpec("tiny", sharing="temporal"), TenantSpec("other", sharing="temporal"))
-    config = tiny_config(kv_blocks=12, models=(TINY, OTHER), tenants=tenants, policy="fcfs")
-    core, _ = make_core(config)
+    roomy = tiny_config(kv_blocks=160, models=(TINY, OTHER), tenants=tenants, policy="fcfs")
+    core, _ = make_core(roomy)
     for i in range(3):
-        core.add_request(request(f"t{i}", 4, 30, t_arr=0.0))
-        core.add_request(request(f"o{i}", 4, 30, t_arr=0.0, model="other"))
+        core.add_request(request(f"t{i}", 4, 100, t_arr=0.0))
+        core.add_request(request(f"o{i}", 4, 100, t_arr=0.0, model="other"))
     batches = []
     while not core.is_idle():
         core.step()
         batches.append({e.model for e in core.executor.plans[-1].batch})  # type: ignore[attr-defined]
     assert all(len(models) <= 1 for models in batches)  # one model at a time
     assert {"tiny"} in batches and {"other"} in batches
-    assert core.scheduler.tenancy.num_switches >= 2  # 30 tokens outlast a 0.5 s quantum
+    # The turn passes once the waiting model's TTFT slack falls below the holder's TBT
+    # slack (100 tokens outlast that), and back once the paused one's falls below.
+    assert core.scheduler.tenancy.num_switches >= 2
 
     # A holder whose only request cannot fit while the other model holds the memory.
+    config = tiny_config(kv_blocks=12, models=(TINY, OTHER), tenants=tenants, policy="fcfs")
     core, _ = make_core(config)
     hog = [request(f"h{i}", 12, 8, model="other") for i in range(2)]  # 10 of 12 blocks
     for r in hog:
@@ -270,6 +273,30 @@ def test_temporal_models_take_turns_and_a_blocked_holder_passes_the_turn() -> No
     while not core.is_idle():
         core.step()
     assert stuck.num_output_tokens == 2 and all(r.num_output_tokens == 8 for r in hog)
+
+
+def test_a_waiting_model_gets_the_turn_within_its_ttft_while_two_others_decode() -> None:
+    # Two temporal models decode long answers and pass the turn between them; a third's
+    # requests arrive meanwhile. Ranked by VLT the paused decoders (alpha x their pause)
+    # kept outranking the waiting requests (their wait less beta_F x TTFT) until those
+    # were 5.5 s old; by deadline the waiting ones are the most urgent within a turn.
+    third = dataclasses.replace(TINY, name="third")
+    tenants = tuple(TenantSpec(m, sharing="temporal") for m in ("tiny", "other", "third"))
+    config = tiny_config(
+        kv_blocks=480, models=(TINY, OTHER, third), tenants=tenants, turn_quantum_s=1.0
+    )
+    core, clock = make_core(config)
+    core.add_request(request("t", 4, 600))
+    core.add_request(request("o", 4, 600, model="other"))
+    waiting = [request(f"w{i}", 4, 4, t_arr=0.5, model="third") for i in range(2)]
+    while not core.is_idle():
+        if clock.t >= 0.5 and waiting[0].id not in core.scheduler.requests and not waiting[0].ttft:
+            for r in waiting:
+                core.add_request(r)
+        core.step()
+    for r in waiting:
+        assert r.ttft is not None and r.ttft < SLO.ttft_s
+    assert core.scheduler.tenancy.num_switches >= 3
 
 
 def _two_models(sharing: str, **kwargs: object) -> tuple[EngineCore, list[Request]]:

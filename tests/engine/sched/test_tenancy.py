@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import pytest
 
 from shunter.engine.config import SloSpec, TenantSpec
-from shunter.engine.sched.tenancy import Tenancy
+from shunter.engine.sched.tenancy import Tenancy, Urgency
 
 
 def tenancy(quantum: float = 1.0) -> Tenancy:
@@ -22,9 +22,14 @@ def tenancy(quantum: float = 1.0) -> Tenancy:
     )
 
 
-def step(t: Tenancy, now: float, lags: Mapping[str, float]) -> list[str]:
-    """``lags`` lists the models with work and their most lagging VLT."""
-    return t.executing(now, lags.__contains__, lags.__getitem__)
+def urgent(lags: Mapping[str, float | tuple[bool, float]]) -> Urgency:
+    """Each model's urgency: a number is that of a model with a request still in time."""
+    return lambda m: (True, u) if isinstance(u := lags[m], float) else u
+
+
+def step(t: Tenancy, now: float, lags: Mapping[str, float | tuple[bool, float]]) -> list[str]:
+    """``lags`` lists the models with work and their urgency (larger goes first)."""
+    return t.executing(now, lags.__contains__, urgent(lags))
 
 
 def test_spatial_models_run_in_every_step_they_have_work() -> None:
@@ -35,15 +40,27 @@ def test_spatial_models_run_in_every_step_they_have_work() -> None:
     assert t.is_active("s") and t.is_active("t1") and not t.is_active("t2")
 
 
-def test_the_turn_is_held_for_the_minimum_quantum_then_goes_to_the_largest_lag() -> None:
+def test_the_turn_is_held_for_the_minimum_quantum_then_goes_to_the_most_urgent() -> None:
     t = tenancy(quantum=1.0)
     assert step(t, 0.0, {"t2": 0.0}) == ["t2"]
     # Within the quantum the holder keeps the turn, however much others lag.
     assert step(t, 0.5, {"t2": -0.5, "t3": 9.0}) == ["t2"]
-    # After it, the model whose most lagging request has the largest VLT.
+    # After it, the model whose most urgent request is closest to missing its SLO.
     assert step(t, 1.0, {"t2": -0.5, "t3": 9.0}) == ["t3"]
     assert t.holder == "t3" and t.num_switches == 1
     assert not t.is_active("t2")
+
+
+def test_a_model_with_a_request_in_time_goes_before_models_whose_requests_are_all_late() -> None:
+    t = tenancy(quantum=0.0)
+    step(t, 0.0, {"t2": 0.0})
+    # t3's requests are all late, by far more than t2's most urgent one is near its
+    # deadline: t2 keeps the turn, and t1 ranks after t2 for what comes next.
+    assert step(t, 1.0, {"t2": -0.5, "t3": (False, 40.0)}) == ["t2"]
+    lags = {"t3": (False, 40.0), "t1": (True, -3.0)}
+    assert t.run_next(lags.__contains__, urgent(lags)) == ["s", "t2", "t1", "t3"]
+    # Once t2's requests are late too, the latest go first.
+    assert step(t, 2.0, {"t2": (False, 2.0), "t3": (False, 40.0)}) == ["t3"]
 
 
 def test_a_higher_priority_takes_the_turn_first_whatever_the_others_lag() -> None:
@@ -91,12 +108,12 @@ def test_a_holder_that_cannot_run_passes_the_turn_to_a_model_that_has_not_failed
     assert t.holder == "t1"
     # t1 cannot run: the turn goes to t2, which cannot run either; not back to t1 but on
     # to t3, whose running requests hold the memory the others wait for.
-    assert t.pass_turn(0.0, lags.__contains__, lags.__getitem__) and t.holder == "t2"
-    assert t.pass_turn(0.0, lags.__contains__, lags.__getitem__) and t.holder == "t3"
+    assert t.pass_turn(0.0, lags.__contains__, urgent(lags)) and t.holder == "t2"
+    assert t.pass_turn(0.0, lags.__contains__, urgent(lags)) and t.holder == "t3"
     # When no model is left to try, the holder keeps the turn until memory changes.
-    assert not t.pass_turn(0.0, lags.__contains__, lags.__getitem__) and t.holder == "t3"
+    assert not t.pass_turn(0.0, lags.__contains__, urgent(lags)) and t.holder == "t3"
     t.memory_changed()
-    assert t.pass_turn(0.0, lags.__contains__, lags.__getitem__) and t.holder == "t1"
+    assert t.pass_turn(0.0, lags.__contains__, urgent(lags)) and t.holder == "t1"
     assert t.num_switches == 3
 
 
@@ -105,14 +122,14 @@ def test_run_next_ranks_active_then_lagging_then_idle_by_priority_and_round_robi
     step(t, 0.0, {"t2": 0.0})
     step(t, 1.0, {"t3": 0.0})  # t2 ran at 0.0, t3 holds the turn since 1.0
     lags = {"t2": 2.0, "t1": 5.0}
-    assert t.run_next(lags.__contains__, lags.__getitem__) == ["s", "t3", "t1", "t2"]
+    assert t.run_next(lags.__contains__, urgent(lags)) == ["s", "t3", "t1", "t2"]
     # Idle models of equal priority: the least recently active first (s never ran).
-    assert t.run_next(lambda m: False, lambda m: 0.0) == ["s", "t3", "t1", "t2"]
+    assert t.run_next(lambda m: False, lambda m: (True, 0.0)) == ["s", "t3", "t1", "t2"]
     idle = tenancy(quantum=0.0)
     step(idle, 0.0, {"t2": 0.0})
     step(idle, 1.0, {"t3": 0.0})
     step(idle, 2.0, {"t1": 0.0})
-    assert idle.run_next(lambda m: False, lambda m: 0.0) == ["t1", "s", "t2", "t3"]
+    assert idle.run_next(lambda m: False, lambda m: (True, 0.0)) == ["t1", "s", "t2", "t3"]
 
 
 def test_bad_tenants_are_rejected() -> None:
