@@ -102,9 +102,17 @@ class LeaderScheduler(DatabaseScheduler):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.lock = beat_lock()
         self.leading: bool | None = None  # None: not known yet
+        self.closed = False
         super().__init__(*args, **kwargs)
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
+        if self.closed:
+            # Celery's SIGTERM handler closes the scheduler (releasing the lease), then
+            # raises SystemExit; a publish in flight can swallow it (kombu retries on the
+            # closed connection and raises its own error, which beat logs and goes on
+            # from). Exit here instead of running on, and taking the lease back once the
+            # release's tombstone expires, in a beat that was told to stop.
+            raise SystemExit()
         if self.lock is not None and not self._lead():
             return min(IDLE_S, self.lock.ttl_ms / 1000)
         return float(super().tick(*args, **kwargs))
@@ -131,6 +139,7 @@ class LeaderScheduler(DatabaseScheduler):  # type: ignore[misc]
         return leading
 
     def close(self) -> None:
+        self.closed = True
         if self.lock is not None and self.leading:
             try:
                 self.lock.release()
