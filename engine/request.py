@@ -193,17 +193,26 @@ def vlts(requests: Iterable[Request], now: float, *, paused: bool = False) -> li
     return out
 
 
-def slo_slacks(requests: Iterable[Request], now: float) -> list[float]:
-    """Seconds each request may wait from ``now`` for its next token and still meet its
-    SLO: before its first token, what its TTFT target leaves of its wait; after n
-    tokens, n x TBT less the time since its first token (the TBT target is a mean time
-    per output token, so a token on time at the end of that budget still meets it).
-    Negative once the request would miss its SLO if its next token came now."""
-    out: list[float] = []
-    for r in requests:
-        slo = r.slo
-        if r.t_first_token is None or r.num_output_tokens < 1:
-            out.append(r.t_arr + slo.ttft_s - now)
-        else:
-            out.append(r.num_output_tokens * slo.tbt_s - (now - r.t_first_token))
-    return out
+def tbt_slack(r: Request, now: float) -> float:
+    """Seconds a running request may pause from ``now`` and still meet its TBT SLO if
+    it then emits its next token at once: its SLO is a mean time per output token, so
+    after n tokens it may take up to n x TBT since its first one. No token yet: none
+    (its TTFT, not a token gap, is at stake)."""
+    if r.t_first_token is None or r.num_output_tokens < 1:
+        return 0.0
+    return r.num_output_tokens * r.slo.tbt_s - (now - r.t_first_token)
+
+
+def ttft_slack(r: Request, now: float) -> float:
+    """Seconds a request may wait from ``now`` for its first token and still meet its
+    TTFT SLO; once it has its first token, none is at stake (infinite)."""
+    if r.t_first_token is not None:
+        return float("inf")
+    return r.t_arr + r.slo.ttft_s - now
+
+
+def slo_slack(r: Request, now: float) -> float:
+    """Seconds a request may wait from ``now`` for its next token and still meet its SLO:
+    before its first token its TTFT slack (``ttft_slack``), after it its TBT slack
+    (``tbt_slack``). Negative once its next token, coming now, would miss the SLO."""
+    return ttft_slack(r, now) if r.t_first_token is None else tbt_slack(r, now)

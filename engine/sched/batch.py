@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from shunter.engine.plan import BatchEntry, StepPlan
-from shunter.engine.request import Request, RequestState
-from shunter.engine.sched.lvf import tbt_slack
+from shunter.engine.request import Request, RequestState, tbt_slack
 
 RUNNING = RequestState.RUNNING
 
@@ -31,7 +30,7 @@ def add_decodes(plan: StepPlan, decodes: Iterable[Request], tokens: int) -> int:
 
 
 def least_slack(decodes: Sequence[Request], limit: int, now: float) -> Sequence[Request]:
-    """``decodes`` cut to the ``limit`` whose TBT slack (``lvf.tbt_slack``) is least, in
+    """``decodes`` cut to the ``limit`` whose TBT slack (``request.tbt_slack``) is least, in
     their order: a request left out gains nothing and loses slack while it waits, so
     it comes first a step or two later (a round robin paced by each request's own TBT
     target: a tight request is skipped less)."""

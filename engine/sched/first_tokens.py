@@ -11,8 +11,8 @@ their length, when some of the step's other work is of a looser class (an intera
 tenant's prompt goes ahead of a batch tenant's work over every step it takes). While a
 model is light, the work of the other models that is not of a tighter class and has
 time to spare sits the step out: decodes whose TBT slack covers two steps
-(``lvf.tbt_slack``), and prompts, running or waiting, whose TTFT slack covers two steps
-and the steps their own tokens take (``lvf.ttft_slack``). Work without that slack runs
+(``request.tbt_slack``), and prompts, running or waiting, whose TTFT slack covers two steps
+and the steps their own tokens take (``request.ttft_slack``). Work without that slack runs
 as before, so every request still meets what its SLO asks; a heavy model loses one step
 per light step. Shortest first among first tokens of one class: a light prompt goes
 ahead of the chunks of heavy ones, which could not finish in this step anyway.
@@ -27,8 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import chain
 
-from shunter.engine.request import Request, RequestState
-from shunter.engine.sched.lvf import tbt_slack, ttft_slack
+from shunter.engine.request import Request, RequestState, tbt_slack, ttft_slack
 from shunter.engine.sched.step_budget import SLACK_STEPS
 
 WAITING, ROTARY, RUNNING = RequestState.WAITING, RequestState.ROTARY, RequestState.RUNNING

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Iterator
 from itertools import chain
 from operator import attrgetter
 
-from shunter.engine.request import Request, vlts
+from shunter.engine.request import Request, tbt_slack, ttft_slack, vlts
 from shunter.engine.sched.policy import Decision, Policy, PolicyInput, by_arrival
 from shunter.engine.sched.turn_length import SWITCH_COST_FACTOR
 
@@ -210,24 +210,6 @@ def time_out(r: Request, max_lag: float) -> float:
     if slo.alpha <= 1.0:
         return float("inf")
     return (max_lag + slo.alpha * slo.beta_b * slo.tbt_s) / (slo.alpha - 1.0)
-
-
-def tbt_slack(r: Request, now: float) -> float:
-    """Seconds a running request may pause from ``now`` and still meet its TBT SLO if
-    it then emits its next token at once: its SLO is a mean time per output token, so
-    after n tokens it may take up to n x TBT since its first one. No token yet: none
-    (its TTFT, not a token gap, is at stake)."""
-    if r.t_first_token is None or r.num_output_tokens < 1:
-        return 0.0
-    return r.num_output_tokens * r.slo.tbt_s - (now - r.t_first_token)
-
-
-def ttft_slack(r: Request, now: float) -> float:
-    """Seconds a request may wait from ``now`` for its first token and still meet its
-    TTFT SLO; once it has its first token, none is at stake (infinite)."""
-    if r.t_first_token is not None:
-        return float("inf")
-    return r.t_arr + r.slo.ttft_s - now
 
 
 def frees_slot(vlt: float, victim: Request, now: float) -> bool:

@@ -4,7 +4,7 @@ that would otherwise run past a tighter tenant's TBT target.
 A step runs each executing model's forward pass one after another, so a step with an
 interactive model (TBT 50 ms) and a batch model (TBT 500 ms) lasts both passes, and
 every gap between the interactive model's tokens does too. Both SLOs are a mean time
-per output token (``lvf.tbt_slack``): a batch request that has kept ahead of its target
+per output token (``request.tbt_slack``): a batch request that has kept ahead of its target
 can skip a step and still meet it. Pacing spends that slack on the tight model's gaps,
 and on its prompts' first tokens, which come at the end of the step that computes them:
 when the estimated step (the sum of the executing models' measured passes) is longer
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from shunter.engine.sched.lvf import tbt_slack
+from shunter.engine.request import tbt_slack
 from shunter.engine.sched.queues import RequestQueues
 from shunter.engine.sched.step_budget import SLACK_STEPS
 from shunter.engine.sched.tenancy import Tenancy

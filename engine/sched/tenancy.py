@@ -10,11 +10,11 @@ Each model is a tenant (``config.TenantSpec``) with a sharing mode and a priorit
   the turn on a tie, so a switch is never paid for nothing). A model with a request
   that can still meet its SLO goes before one whose requests are all late: they have no
   deadline left to keep, and a late request taking the turn would make the others late
-  too. Deadlines, not VLTs: a
-  paused model's decodes lag alpha times faster than a waiting request, so ranked by
-  VLT two decoding models passed the turn between them while a third model's new
-  requests waited past their TTFT target (SIMULATED, c1 temporal, 10 s windows, 2 req/s:
-  Llama-3-8B's TTFT P99 8.6 s against a 5 s target under every variant).
+  too. Deadlines, not VLTs: a paused model's decodes lag alpha times faster than a
+  waiting request, so ranked by VLT two decoding models passed the turn between them
+  while a third model's new requests waited past their TTFT target (SIMULATED, c1
+  temporal, 10 s windows, 2 req/s: Llama-3-8B's TTFT P99 8.6 s against a 5 s target
+  under every variant).
   A holder with no work gives the turn up at once, even when no other model wants it:
   an idle model is inactive, so a lone temporal model lends its layers while it has
   nothing to do. A holder whose work cannot run (its requests do not fit the memory
@@ -41,7 +41,7 @@ from shunter.engine.sched.turn_length import TurnLength
 
 Urgency = Callable[[str], tuple[bool, float]]
 """How urgent a model's work is, the larger the sooner it should run: whether any of its
-requests can still meet its SLO, then minus the least SLO slack (``request.slo_slacks``)
+requests can still meet its SLO, then minus the least SLO slack (``request.slo_slack``)
 among those that can, or among all where none can (the latest first). Asked only of
 models with work."""
 

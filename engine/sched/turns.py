@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from shunter.engine.plan import StepPlan
-from shunter.engine.request import slo_slacks
+from shunter.engine.request import slo_slack
 from shunter.engine.sched.queues import RequestQueues
 from shunter.engine.sched.tenancy import Tenancy, Urgency
 
@@ -38,7 +38,7 @@ class Turns:
             if value is None:
                 q = self.queues[model]
                 groups = (q.waiting, q.rotary, q.landing, q.running)
-                slacks = [s for g in groups if g for s in slo_slacks(g.values(), now)]
+                slacks = [slo_slack(r, now) for g in groups for r in g.values()]
                 in_time = [s for s in slacks if s >= 0.0]
                 value = known[model] = (bool(in_time), -min(in_time or slacks))
             return value

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shunter.engine.config import SloSpec
-from shunter.engine.request import Request, RequestState, slo_slacks
+from shunter.engine.request import Request, RequestState, slo_slack
 
 
 def make(state: RequestState, slo: SloSpec, **times: float | None) -> Request:
@@ -54,9 +54,10 @@ def test_slo_slack_is_the_ttft_left_then_the_mean_token_budget_left() -> None:
     rotary = make(RequestState.ROTARY, PAPER, t_first_token=20.0, num_output_tokens=3)
     # Waiting: 5 s less its wait. After 3 tokens: 3 x 0.1 s since the first, whatever
     # the state; negative once a token now would miss the SLO.
-    assert slo_slacks([waiting], 11.0) == pytest.approx([4.0])
-    assert slo_slacks([waiting, decoding, rotary], 20.1) == pytest.approx([-5.1, 0.2, 0.2])
-    assert slo_slacks([decoding], 20.5) == pytest.approx([-0.2])
+    assert slo_slack(waiting, 11.0) == pytest.approx(4.0)
+    slacks = [slo_slack(r, 20.1) for r in (waiting, decoding, rotary)]
+    assert slacks == pytest.approx([-5.1, 0.2, 0.2])
+    assert slo_slack(decoding, 20.5) == pytest.approx(-0.2)
 
 
 def test_token_accounting_and_latencies() -> None:

@@ -7,12 +7,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from shunter.engine.request import RequestState
+from shunter.engine.request import RequestState, tbt_slack
 from shunter.engine.sched.lvf import (
     LvfPlusPolicy,
     LvfPolicy,
     num_slots_freed,
-    tbt_slack,
     time_out,
 )
 from shunter.engine.sched.policy import Decision

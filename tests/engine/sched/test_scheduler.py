@@ -289,10 +289,11 @@ def test_a_waiting_model_gets_the_turn_within_its_ttft_while_two_others_decode()
     core.add_request(request("t", 4, 600))
     core.add_request(request("o", 4, 600, model="other"))
     waiting = [request(f"w{i}", 4, 4, t_arr=0.5, model="third") for i in range(2)]
+    while clock.t < 0.5:
+        core.step()
+    for r in waiting:
+        core.add_request(r)
     while not core.is_idle():
-        if clock.t >= 0.5 and waiting[0].id not in core.scheduler.requests and not waiting[0].ttft:
-            for r in waiting:
-                core.add_request(r)
         core.step()
     for r in waiting:
         assert r.ttft is not None and r.ttft < SLO.ttft_s
