@@ -41,8 +41,6 @@ class ModelState:
     ``frame_bytes`` is the memory one remapped layer gives the KV cache; ``alpha`` the
     layers remapped now; ``t_last_active`` when it last executed (for MRU order);
     ``t_transfer``, ``t_decode`` and ``t_prefill`` as in ``timing.LayerTiming``.
-    ``decoding``: it holds requests in mid-decode (running, or rotated out after their
-    prefill), so its next step when it runs again is a decode.
     """
 
     name: str
@@ -55,15 +53,15 @@ class ModelState:
     t_transfer: float
     t_decode: float
     t_prefill: float
-    decoding: bool = False
 
     @property
     def t_compute(self) -> float:
-        """The compute that must hide the model's layer copies when it next runs: a
-        decode step for an active model and for a paused one in mid-decode (it resumes
-        decoding, and its cap must not outgrow what a decode hides), a prefill for an
-        inactive one with only new requests."""
-        return self.t_decode if self.active or self.decoding else self.t_prefill
+        """The compute that must hide the model's layer copies: a decode step for an
+        active model, a prefill for an inactive one, as in Oneiros (§5.3). A paused
+        model in mid-decode counts as inactive: its layers sit idle until the turn
+        comes back, and when it resumes decoding its cap falls to a decode's and the
+        excess goes back as memory allows (``RemapController.plan``)."""
+        return self.t_decode if self.active else self.t_prefill
 
 
 @dataclass(frozen=True)

@@ -92,14 +92,12 @@ class Remapper:
         pressure: Pressure,
         *,
         active: Collection[str],
-        decoding: Collection[str] = (),
         t_last_active: Mapping[str, float],
         run_next: Sequence[str],
         idle: bool = False,
     ) -> None:
         """Decide and carry out this step's remapping (between the memory's
-        ``begin_step`` and ``end_step``); ``idle``: no request is live; ``decoding``:
-        the models holding requests in mid-decode (``ModelState.decoding``)."""
+        ``begin_step`` and ``end_step``); ``idle``: no request is live."""
         states = []
         for model, wmap in self.maps.items():
             t = self.times[model]
@@ -110,7 +108,6 @@ class Remapper:
                     frame_bytes=self.memory.frame_bytes(model),
                     priority=self.priority[model],
                     active=model in active,
-                    decoding=model in decoding,
                     t_last_active=t_last_active[model],
                     alpha=wmap.alpha,
                     t_transfer=t.t_transfer,

@@ -32,13 +32,6 @@ class RequestQueues:
     def __len__(self) -> int:
         return len(self.waiting) + len(self.running) + len(self.rotary) + len(self.landing)
 
-    def is_decoding(self) -> bool:
-        """Whether any request is in mid-decode: running past its prompt, or rotated
-        out (its next step on the device is a decode)."""
-        return bool(self.rotary or self.landing) or any(
-            not r.is_prefill for r in self.running.values()
-        )
-
     def of(self, state: RequestState) -> dict[str, Request]:
         if state is WAITING:
             return self.waiting

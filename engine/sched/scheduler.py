@@ -282,13 +282,10 @@ class Scheduler:
                 num_running=self.num_running,
                 rotates=self.rotates,
             )
-            active = {m for m in self.queues if self.tenancy.is_active(m)}
             self.remapper.plan(
                 plan,
                 pressure,
-                active=active,
-                # Only a paused model's cap depends on it (an active one's is a decode's).
-                decoding={m for m, q in self.queues.items() if m not in active and q.is_decoding()},
+                active={m for m in self.queues if self.tenancy.is_active(m)},
                 t_last_active=self.tenancy.t_last_active,
                 run_next=self.tenancy.run_next(self.turns.has_work, urgency),
                 idle=not self.requests,

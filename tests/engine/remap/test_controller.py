@@ -94,22 +94,6 @@ def test_how_many_follows_t_transfer_against_t_compute() -> None:
     assert d.targets == {"b": 28, "a": 2}
 
 
-def test_a_paused_model_in_mid_decode_is_capped_by_its_decode_not_its_prefill() -> None:
-    # Inactive with only new requests: the 0.4 s prefill hides 28 layers' copies; paused
-    # in mid-decode it resumes with 40 ms decodes, which hide 2: it lends no more, so it
-    # has none to take back when the turn returns.
-    c = controller(cap=0.7)
-    paused = model("b", t_transfer=0.01)
-    assert c.cap(paused) == 28
-    assert c.cap(dataclasses.replace(paused, decoding=True)) == 2
-    models = [model("a", active=True, t_transfer=0.01), dataclasses.replace(paused, decoding=True)]
-    assert c.plan(models, Pressure(demand=10**9, free=0), ["a", "b"]).targets == {"b": 2, "a": 2}
-    # One that lent on prefill terms and now resumes decoding gives the excess back.
-    lent = dataclasses.replace(paused, decoding=True, alpha=28)
-    d = c.plan([model("a", active=True), lent], Pressure(demand=0, free=10**9), ["b", "a"])
-    assert d.targets == {"b": 0}
-
-
 def test_rotation_covers_its_share_before_active_layers_in_the_default_order() -> None:
     models = [model("a", active=True), model("b", alpha=20)]  # b is at its cap
     pressure = Pressure(demand=800, free=0, rotation=500)

@@ -19,7 +19,7 @@ from shunter.engine.core import EngineCore
 from shunter.engine.memory.arena import PageOwner
 from shunter.engine.plan import StepPlan
 from shunter.engine.remap.timing import LayerTiming
-from shunter.engine.request import Request
+from shunter.engine.request import Request, RequestState
 from tests.engine.fakes import (
     TINY,
     Contents,
@@ -128,6 +128,51 @@ def test_layers_are_lent_under_pressure_and_restored_exactly_when_it_falls() -> 
         for frame in range(m.num_layers):
             owner = PageOwner.weights(m.name, frame)
             assert all(arena.owner(p) == owner for p in core.memory.frame_pages(m.name, frame))
+    core.check_integrity()
+
+
+def test_a_paused_model_in_mid_decode_lends_what_its_prefill_hides_and_resumes_whole() -> None:
+    # T_T = 5 ms per layer: a 50 ms prefill hides the copies of 4 of 8 layers (the cap),
+    # a 10 ms decode none. "a" is paused with a request in mid-decode while "b" holds
+    # the turn through a burst that runs short of memory: "a" lends its idle layers as
+    # an inactive model does, and has them back when it resumes decoding. (Capped by
+    # its decode instead, it lent none, and "b" held the turn for 53 steps, not 24.)
+    timing = LayerTiming(t_transfer=0.005, t_decode=0.01, t_prefill=0.05)
+    models = MODELS[:2]
+    config = tiny_config(
+        kv_blocks=40,
+        models=models,
+        tenants=tuple(TenantSpec(m.name, sharing="temporal") for m in models),
+        remap=RemapConfig(enabled=True, cap_fraction=0.5),
+        policy="fcfs",
+        turn_quantum_s=0.05,
+    )
+    clock = StepClock()
+    transfers = FakeTransfers(1)
+    executor = FakeExecutor(clock, transfers)
+    core = EngineCore(config, executor, transfers, clock, timings=dict.fromkeys("ab", timing))
+    executor.contents = transfers.contents = Contents(config.block_tokens)
+    executor.memory = core.memory
+    long = request("long", 4, 300, model="a")
+    core.add_request(long)
+    for _ in range(3):
+        core.step()
+    burst = [request(f"b{i}", 24, 12, t_arr=clock.now(), model="b") for i in range(12)]
+    for r in burst:
+        core.add_request(r)
+    paused: list[int] = []  # "a"'s layers lent while "b" holds the turn
+    resumed: list[int] = []  # and once "a" has it back
+    while not core.is_idle():
+        stats = core.step()
+        check_weights(core, core.executor.plans[-1])  # type: ignore[attr-defined]
+        if core.scheduler.tenancy.holder == "b":
+            assert long.state is RequestState.RUNNING and long.num_output_tokens > 1
+            paused.append(stats.remapped_layers["a"])
+        elif paused:
+            resumed.append(stats.remapped_layers["a"])
+    assert max(paused) == 4
+    assert resumed and resumed[0] == 0
+    assert long.num_output_tokens == 300 and all(r.num_output_tokens == 12 for r in burst)
     core.check_integrity()
 
 
