@@ -227,6 +227,11 @@ class SchedulerConfig:
     simulator's profile, a measured one): ``lvf+`` counts its KV's round trip over it
     in what a rotation costs a request (with the step it sits out), and keeps a request
     running at least k times that. None: the step alone.
+    ``chunked_prefill`` False schedules as vLLM's V0 engine does without chunked prefill
+    (its default for contexts up to 32K tokens): a model's step runs either prompts or
+    decodes, prompts first, each prompt whole (so no prompt may exceed
+    ``max_batch_tokens``); its decodes wait while it prefills. The simulator's
+    Oneiros check uses it for vLLM v0.7.3, the baseline Oneiros is built into.
     """
 
     policy: str = "lvf+"
@@ -237,6 +242,7 @@ class SchedulerConfig:
     step_target_s: float | None = None
     preemption: str = "swap"
     link_bytes_per_s: float | None = None
+    chunked_prefill: bool = True
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -255,6 +261,8 @@ class SchedulerConfig:
             raise ValueError("link_bytes_per_s must be positive")
         if self.step_target_s is not None and self.step_target_s <= 0:
             raise ValueError("step_target_s must be positive")
+        if self.step_target_s is not None and not self.chunked_prefill:
+            raise ValueError("step_target_s chunks prompts: it needs chunked_prefill")
 
 
 @dataclass(frozen=True)

@@ -157,8 +157,13 @@ class Admission:
         tokens: int,
         short: dict[str, int],
         now: float,
+        *,
+        whole: Mapping[str, int] | None = None,
     ) -> None:
         """Spend ``tokens`` of prefill on the running ``prefills`` and on ``admit``.
+        With ``whole`` (tokens per model) each model has its own tokens instead, and
+        only whole prompts run (no chunking), the first that does not fit its model's
+        tokens ending that model's admissions.
 
         The tokens are split max-min fair among the models with prefill work; each model
         spends its share on its running chunks first. Then ``admit``, in order, within
@@ -170,9 +175,11 @@ class Admission:
         """
         running, waiting = self.prefill_demand(prefills, admit)
         demand = {m: running.get(m, 0) + waiting.get(m, 0) for m in running | waiting}
-        left = fair_shares(demand, tokens)
+        left = fair_shares(demand, tokens) if whole is None else dict(whole)
         for r in prefills:
             room = min(left.get(r.model, 0), running.get(r.model, 0))
+            if whole is not None and room < r.num_pending_tokens:
+                continue
             if r.state is RUNNING and room > 0:
                 chunk = add_chunk(plan, r, room)
                 self.memory.publish_scheduled(r, chunk)
@@ -189,6 +196,9 @@ class Admission:
                 skipped.append(r)
                 continue
             model_tokens = left.get(r.model, 0)
+            if whole is not None and r.state is WAITING and r.num_pending_tokens > model_tokens:
+                stopped.add(r.model)  # short of tokens, not of memory
+                continue
             used = self._admit(r, plan, now, model_tokens)
             if used is None:
                 stopped.add(r.model)

@@ -59,6 +59,8 @@ class Scheduler:
          tokens also within ``step_tokens`` less the decodes (at least the budget's
          least, so prompts progress under many decodes). The prefill tokens are split
          among the models with prefill work, max-min fair (``Admission.fill``).
+         Without chunked prefill a model's step runs whole prompts or, when it has none
+         to run, decodes (vLLM V0's scheduling, ``_prompts_first``).
       6. Admissions in the decision's order (``Admission.fill``): waiting requests get
          blocks and a first prefill chunk; rotary requests are swapped in.
       7. The turn passes on when its holder could do nothing (``Turns.end_step``).
@@ -96,6 +98,9 @@ class Scheduler:
         tenants = list(config.tenant_by_model.values())
         self.tenancy = Tenancy(tenants, min_quantum_s=config.scheduler.turn_quantum_s)
         self.queues = {spec.name: RequestQueues() for spec in config.models}
+        # Without chunked prefill, the prompt tokens a step of each model may hold: a
+        # context at most, as vLLM's max_num_batched_tokens (max_model_len) there.
+        self._prompt_tokens = {spec.name: self._prompt_cap(spec) for spec in config.models}
         self.turns = Turns(self.queues, self.tenancy)
         self.requests: dict[str, Request] = {}
         self.kv = KvBytes(memory, self.queues, config.scheduler)
@@ -160,6 +165,12 @@ class Scheduler:
         if request.state is not WAITING or request.num_computed_tokens:
             raise ValueError(f"request {request.id!r} must arrive WAITING with no KV")
         tokens = request.prompt_tokens + request.max_output_tokens
+        if not self.config.chunked_prefill and tokens > self._prompt_tokens[request.model]:
+            # A recompute prefills the whole context in one step.
+            raise ValueError(
+                f"request {request.id!r} may reach {tokens} tokens; without chunked prefill "
+                f"a step of {request.model!r} prefills at most {self._prompt_tokens[request.model]}"
+            )
         beyond = self.memory.out_of_reach(request.model, tokens)
         if beyond is not None:
             raise ValueError(
@@ -226,6 +237,7 @@ class Scheduler:
             raise ValueError(f"remapping needs the timing of {spec.name!r}")
         self.memory.add_model(spec)
         self.queues[spec.name] = RequestQueues()
+        self._prompt_tokens[spec.name] = self._prompt_cap(spec)
         self.kv.block_bytes[spec.name] = self.memory.block_bytes(spec.name)
         self.tenancy.add_tenant(tenant)
         self.memory.set_bounds(KvBounds(self.tenancy.tenants.values()))
@@ -239,13 +251,16 @@ class Scheduler:
         if self.queues[model]:
             raise ValueError(f"model {model!r} still has live requests")
         self.memory.remove_model(model)
-        del self.queues[model], self.kv.block_bytes[model]
+        del self.queues[model], self.kv.block_bytes[model], self._prompt_tokens[model]
         self.tenancy.remove_tenant(model)
         self.memory.set_bounds(KvBounds(self.tenancy.tenants.values()))
         if self.remapper is not None:
             self.remapper.remove_model(model)
         if self.pacing is not None:
             self.pacing.forget(model)
+
+    def _prompt_cap(self, spec: ModelSpec) -> int:
+        return min(self.config.max_batch_tokens, spec.max_context)
 
     @property
     def step_tokens(self) -> int:
@@ -296,13 +311,16 @@ class Scheduler:
         stepping = executing if self.pacing is None else self.pacing.select(executing, now)
         decodes, prefills = self.decodes.reserve(stepping, plan, sitting_out, short)
         admit = self.admission.decide(stepping, plan, now, self.config.xfer_budget_blocks)
-        if self.step_budget is None:
-            tokens = add_decodes(plan, decodes, self.config.max_batch_tokens)
+        if not self.config.chunked_prefill:
+            self._prompts_first(plan, decodes, prefills, admit, short, now)
         else:
-            prefills, admit, tokens = self._within_budget(
-                self.step_budget, plan, decodes, prefills, admit, now
-            )
-        self.admission.fill(plan, prefills, admit, tokens, short, now)
+            if self.step_budget is None:
+                tokens = add_decodes(plan, decodes, self.config.max_batch_tokens)
+            else:
+                prefills, admit, tokens = self._within_budget(
+                    self.step_budget, plan, decodes, prefills, admit, now
+                )
+            self.admission.fill(plan, prefills, admit, tokens, short, now)
         self.capacity.add_starved(executing, short)
         self.turns.end_step(executing, plan, sitting_out, now)
         if self.remapper is not None:
@@ -339,6 +357,28 @@ class Scheduler:
                 if r.has_all_tokens:
                     self._release(r)
                     self._retiring[r.id] = (plan.step, r)
+
+    def _prompts_first(
+        self,
+        plan: StepPlan,
+        decodes: list[Request],
+        prefills: list[Request],
+        admit: list[Request],
+        short: dict[str, int],
+        now: float,
+    ) -> None:
+        """Without chunked prefill, as vLLM's V0 scheduler (``_schedule_default``), each
+        model like an engine of its own: whole prompts first, within the model's prompt
+        tokens (``_prompt_tokens``); a model that prefills this step runs no decodes
+        (they keep their blocks and go next step), the others decode. Decode entries
+        stay ahead of prompts in the batch."""
+        self.admission.fill(plan, prefills, admit, 0, short, now, whole=self._prompt_tokens)
+        prompts = list(plan.batch)
+        prefilling = {e.model for e in prompts}
+        plan.batch.clear()
+        decoding = [r for r in decodes if r.model not in prefilling]
+        add_decodes(plan, decoding, self.config.max_batch_tokens)
+        plan.batch.extend(prompts)
 
     def _within_budget(
         self,

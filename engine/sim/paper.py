@@ -25,6 +25,7 @@ from typing import Any
 
 from shunter.engine.sim import report
 from shunter.engine.sim.report import LABEL, Column, Row
+from shunter.engine.sim.scenario import get_scenario
 from shunter.engine.sim.scenario_sweep import ScenarioSpec, scenario_rows
 from shunter.engine.sim.sweep import SweepSpec, sweep_rows
 from shunter.engine.workload.lengths import get_workload
@@ -419,7 +420,18 @@ def oneiros_spec(
     Each model's gaps follow ``arrivals`` (``workload.get_arrivals``): by default those
     of Azure's coding trace, which §7.1 replays scaled to each rate; lengths are the
     ShareGPT-like ones of vLLM's benchmark (§7.1 runs ShareGPT and Alpaca).
+
+    Both run as vLLM v0.7.3 schedules (§7.1: Oneiros is built into it), its V0 engine
+    being the default there (V1 became the default in v0.8.0): without chunked prefill,
+    which V0 turns on by default only past 32K tokens of context
+    (``vllm/engine/arg_utils.py``), a step runs either whole prompts or decodes, and a
+    recompute "pause[s] the decode process for all active requests" (§7.2;
+    ``vllm/core/scheduler.py``, ``_schedule_default``: "Don't schedule decodes if
+    prefills are scheduled"). A step of prompts holds at most one context of its model
+    (V0's ``max_num_batched_tokens`` default, ``max(max_model_len, 2048)`` in
+    ``vllm/config.py``; every model here has at least 2,048).
     """
+    models = get_scenario(scenario).models
     return ScenarioSpec(
         scenario=scenario,
         sharing=tuple(sharing),
@@ -428,6 +440,8 @@ def oneiros_spec(
         duration_s=duration_s,
         arrivals=arrivals,
         workload_name=ONEIROS_WORKLOAD,
+        chunked_prefill=False,
+        max_batch_tokens=max(m.max_context for m in models),
         seed=seed,
     )
 

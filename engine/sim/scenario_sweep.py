@@ -53,7 +53,8 @@ class ScenarioSpec:
     ``workload_name``'s (``workload.WORKLOADS``), or drawn from a ``sharegpt`` file; each
     model's gaps follow ``arrivals`` (``workload.get_arrivals``; ``cv`` other than 1 is
     ``gamma:CV``). A ``trace`` (JSONL, every model named in it served here) replaces the
-    generated requests at every rate and in every sharing mode.
+    generated requests at every rate and in every sharing mode. ``chunked_prefill``
+    False schedules as vLLM's V0 engine (``SchedulerConfig.chunked_prefill``).
     """
 
     scenario: str
@@ -72,6 +73,7 @@ class ScenarioSpec:
     swap_bandwidth_scale: float = 1.0
     max_running: int = 256
     max_batch_tokens: int = 8192
+    chunked_prefill: bool = True
     turn_quantum_s: float = 0.5
     remap_cap: float = 0.5
     capacity_order: tuple[str, ...] = CAPACITY_SOURCES
@@ -131,6 +133,7 @@ class ScenarioSpec:
             max_running=self.max_running,
             max_batch_tokens=self.max_batch_tokens,
             turn_quantum_s=self.turn_quantum_s,
+            chunked_prefill=self.chunked_prefill,
         )
         return dataclasses.replace(config, scheduler=scheduler, xfer_budget_from_link=fixed is None)
 

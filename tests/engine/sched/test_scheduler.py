@@ -489,3 +489,38 @@ def test_the_plan_carries_each_entrys_tokens_and_block_table() -> None:
             assert len(blocks) * core.memory.block_tokens >= start + e.num_tokens
             seen += 1
     assert seen >= 3 * 5
+
+
+def test_without_chunked_prefill_a_models_step_runs_whole_prompts_or_decodes() -> None:
+    # vLLM V0's default scheduling: "tiny" decodes until a 47-token prompt arrives; that
+    # step runs the whole prompt and no decode of "tiny" (chunked, the 46 tokens the two
+    # decodes leave of 48 would split it), while "other" decodes on.
+    tenants = (TenantSpec("tiny"), TenantSpec("other"))
+    config = tiny_config(
+        kv_blocks=200, models=(TINY, OTHER), tenants=tenants, policy="fcfs", max_batch_tokens=48
+    )
+    scheduler = dataclasses.replace(config.scheduler, chunked_prefill=False)
+    core, _ = make_core(dataclasses.replace(config, scheduler=scheduler))
+    core.add_request(request("a", 4, 20))
+    core.add_request(request("o", 4, 20, model="other"))
+    core.step()
+    core.step()
+    late = request("late", 47, 1)
+    core.add_request(late)
+    core.step()
+    plan = core.executor.plans[-1]  # type: ignore[attr-defined]
+    tiny = [(e.request_id, e.num_tokens, e.is_prefill) for e in plan.batch if e.model == "tiny"]
+    assert tiny == [("late", 47, True)]
+    assert [(e.request_id, e.num_tokens) for e in plan.batch if e.model == "other"] == [("o", 1)]
+    core.step()
+    plan = core.executor.plans[-1]  # type: ignore[attr-defined]
+    assert [e.request_id for e in plan.batch if e.model == "tiny"] == ["a"]
+    while not core.is_idle():
+        core.step()
+    assert late.num_output_tokens == 1
+    # A recompute prefills the whole context in one step: a request that may outgrow
+    # the step's tokens is refused.
+    with pytest.raises(ValueError, match="without chunked prefill"):
+        core.add_request(request("long", 40, 10))
+    with pytest.raises(ValueError, match="needs chunked_prefill"):
+        dataclasses.replace(scheduler, step_target_s=0.05)

@@ -158,3 +158,13 @@ def test_simulate_paper_refuses_the_options_it_would_ignore(
 ) -> None:
     assert main(["simulate", "--paper", "superinfer", "--rps", "4"]) == 2
     assert "--paper runs the paper's own settings" in capsys.readouterr().err
+
+
+def test_the_oneiros_check_schedules_both_systems_as_vllm_v0_without_chunked_prefill() -> None:
+    # vLLM v0.7.3's V0 engine: whole prompts in steps of their own, up to one context.
+    for scenario, tokens in (("c1", 8192), ("c2", 2048)):
+        spec = paper.oneiros_spec(scenario, ("temporal",), (1.0,), duration_s=1.0, seed=0)
+        for variant in spec.variants:
+            scheduler = spec.sim_config(variant, "temporal").scheduler
+            assert not scheduler.chunked_prefill
+            assert scheduler.max_batch_tokens == tokens
