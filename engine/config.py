@@ -229,9 +229,11 @@ class SchedulerConfig:
     running at least k times that. None: the step alone.
     ``chunked_prefill`` False schedules as vLLM's V0 engine does without chunked prefill
     (its default for contexts up to 32K tokens): a model's step runs either prompts or
-    decodes, prompts first, each prompt whole (so no prompt may exceed
-    ``max_batch_tokens``); its decodes wait while it prefills. The simulator's
-    Oneiros check uses it for vLLM v0.7.3, the baseline Oneiros is built into.
+    decodes, prompts first, each prompt whole, at most one context of the model (and
+    ``max_batch_tokens``) a step, so a request that could outgrow that is refused; its
+    decodes wait while it prefills. Not with ``step_target_s``, which chunks prompts.
+    The simulator's Oneiros check uses it for vLLM v0.7.3, the baseline Oneiros is
+    built into.
     """
 
     policy: str = "lvf+"
