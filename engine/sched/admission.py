@@ -161,9 +161,9 @@ class Admission:
         whole: Mapping[str, int] | None = None,
     ) -> None:
         """Spend ``tokens`` of prefill on the running ``prefills`` and on ``admit``.
-        With ``whole`` (tokens per model) each model has its own tokens instead, and
-        only whole prompts run (no chunking), the first that does not fit its model's
-        tokens ending that model's admissions.
+        With ``whole`` (tokens per model, in place of ``tokens``) each model has its
+        own tokens, and only whole prompts run (no chunking), the first that does not
+        fit its model's tokens ending that model's admissions.
 
         The tokens are split max-min fair among the models with prefill work; each model
         spends its share on its running chunks first. Then ``admit``, in order, within

@@ -37,24 +37,34 @@ REMAP = RemapConfig(enabled=True, cap_fraction=0.75, headroom_fraction=0.0)
 
 
 def make(
-    *, kv_blocks: int, sharing: tuple[str, str, str], policy: str = "lvf", delay: int = 1
+    *,
+    kv_blocks: int,
+    sharing: tuple[str, ...],
+    policy: str = "lvf",
+    delay: int = 1,
+    timing: LayerTiming = TIMING,
+    remap: RemapConfig = REMAP,
+    turn_quantum_s: float = 0.03,
 ) -> tuple[EngineCore, StepClock]:
+    """The first ``len(sharing)`` of MODELS, each with its sharing mode, priority its
+    place, and ``timing``."""
+    models = MODELS[: len(sharing)]
     tenants = tuple(
         TenantSpec(m.name, sharing=s, priority=i)
-        for i, (m, s) in enumerate(zip(MODELS, sharing, strict=True))
+        for i, (m, s) in enumerate(zip(models, sharing, strict=True))
     )
     config = tiny_config(
         kv_blocks=kv_blocks,
-        models=MODELS,
+        models=models,
         tenants=tenants,
-        remap=REMAP,
+        remap=remap,
         policy=policy,
-        turn_quantum_s=0.03,
+        turn_quantum_s=turn_quantum_s,
     )
     clock = StepClock()
     transfers = FakeTransfers(delay)
     executor = FakeExecutor(clock, transfers)
-    timings = {m.name: TIMING for m in MODELS}
+    timings = {m.name: timing for m in models}
     core = EngineCore(config, executor, transfers, clock, timings=timings)
     executor.contents = transfers.contents = Contents(config.block_tokens)
     executor.memory = core.memory
@@ -136,23 +146,15 @@ def test_a_paused_model_in_mid_decode_lends_what_its_prefill_hides_and_resumes_w
     # a 10 ms decode none. "a" is paused with a request in mid-decode while "b" holds
     # the turn through a burst that runs short of memory: "a" lends its idle layers as
     # an inactive model does, and has them back when it resumes decoding. (Capped by
-    # its decode instead, it lent none, and "b" held the turn for 53 steps, not 24.)
-    timing = LayerTiming(t_transfer=0.005, t_decode=0.01, t_prefill=0.05)
-    models = MODELS[:2]
-    config = tiny_config(
+    # its decode instead, it lent none, and "b" held the turn for 35 steps, not 21.)
+    core, clock = make(
         kv_blocks=40,
-        models=models,
-        tenants=tuple(TenantSpec(m.name, sharing="temporal") for m in models),
-        remap=RemapConfig(enabled=True, cap_fraction=0.5),
+        sharing=("temporal", "temporal"),
         policy="fcfs",
+        timing=LayerTiming(t_transfer=0.005, t_decode=0.01, t_prefill=0.05),
+        remap=RemapConfig(enabled=True, cap_fraction=0.5),
         turn_quantum_s=0.05,
     )
-    clock = StepClock()
-    transfers = FakeTransfers(1)
-    executor = FakeExecutor(clock, transfers)
-    core = EngineCore(config, executor, transfers, clock, timings=dict.fromkeys("ab", timing))
-    executor.contents = transfers.contents = Contents(config.block_tokens)
-    executor.memory = core.memory
     long = request("long", 4, 300, model="a")
     core.add_request(long)
     for _ in range(3):
