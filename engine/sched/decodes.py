@@ -1,13 +1,14 @@
 """Decode first: a block for every decoding request's next token, before any decision.
 
 Decodes are served before the policy decides and before any prefill, under every
-policy alike. Out of blocks, a decode waits for blocks already on their way, or else
-the latest arrival of its model is preempted (vLLM's passive preemption).
+policy alike. Out of blocks, a decode waits for blocks already on their way, or else a
+running request of its model is preempted (passive preemption): the one the policy
+names (``Policy.passive_victim``; vLLM's rule, the latest arrival, by default).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from shunter.engine.memory.kv_memory import KVMemory
 from shunter.engine.plan import StepPlan
@@ -24,7 +25,8 @@ class Decodes:
 
     ``num_passive_preemptions`` counts the preemptions decodes forced; every other
     preemption is the policy's choice. ``swap``: preempted requests rotate out when
-    they can (``preemption = "swap"``), else recompute.
+    they can (``preemption = "swap"``), else recompute. ``victim(running, now)`` picks
+    the request a decode out of blocks preempts among its model's running ones.
     """
 
     def __init__(
@@ -34,8 +36,10 @@ class Decodes:
         kv: KvBytes,
         *,
         swap: bool,
+        victim: Callable[[Iterable[Request], float], Request],
     ) -> None:
         self.memory = memory
+        self.victim = victim
         self.queues = queues
         self.kv = kv
         self.swap = swap
@@ -47,6 +51,7 @@ class Decodes:
         plan: StepPlan,
         sitting_out: set[str],
         short: dict[str, int],
+        now: float,
     ) -> tuple[list[Request], list[Request]]:
         """Blocks for the next token of each decoding request of the ``executing``
         models, model by model, oldest request first.
@@ -55,13 +60,14 @@ class Decodes:
         in prefill, in running order, leaving out those whose swap-in copies are in
         flight (``sitting_out``). Out of blocks, a request waits for blocks already on
         their way (released by a preemption whose copies are in flight); if none are,
-        the latest arrival is preempted, possibly the request itself, and its model is
-        ``short`` of the victim's KV bytes (added to what ``short`` holds).
+        ``victim`` picks a running request of its model at ``now`` to preempt, possibly
+        the request itself, and its model is ``short`` of the victim's KV bytes (added
+        to what ``short`` holds).
         """
         decodes: list[Request] = []
         prefills: list[Request] = []
         for model in executing:
-            self._reserve(model, plan, sitting_out, short, decodes, prefills)
+            self._reserve(model, plan, sitting_out, short, decodes, prefills, now)
         return decodes, prefills
 
     def _reserve(
@@ -72,6 +78,7 @@ class Decodes:
         short: dict[str, int],
         decodes: list[Request],
         prefills: list[Request],
+        now: float,
     ) -> None:
         q = self.queues[model]
         memory = self.memory
@@ -98,7 +105,7 @@ class Decodes:
                 if incoming > 0:
                     incoming -= 1
                     break
-                victim = max(q.running.values(), key=lambda v: v.t_arr)
+                victim = self.victim(q.running.values(), now)
                 short[model] = short.get(model, 0) + self.kv.of((victim,))[0]
                 preempt(victim, plan, memory, q, swap=self.swap)
                 self.num_passive_preemptions += 1

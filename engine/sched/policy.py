@@ -8,7 +8,7 @@ request that does not fit, so a decision may ask for more than the step can do.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from operator import attrgetter
@@ -64,7 +64,7 @@ class Decision:
 class Policy(ABC):
     """A scheduling policy: ``schedule`` decides proactive preemption and admission
     for one model and one step. (Passive preemption, when a decode finds no free block,
-    is the Scheduler's and the same for every policy.)
+    is the Scheduler's; the policy only names its victim, ``passive_victim``.)
 
     ``rotates``: the policy decides over every executing model at once, in bytes, and
     may preempt proactively within B_xfer (the LVF family); the others decide per model,
@@ -80,6 +80,11 @@ class Policy(ABC):
 
     @abstractmethod
     def schedule(self, state: PolicyInput) -> Decision: ...
+
+    def passive_victim(self, running: Iterable[Request], now: float) -> Request:
+        """The running request to preempt when a decode of its model finds no block:
+        the latest arrival (vLLM's passive preemption)."""
+        return max(running, key=attrgetter("t_arr"))
 
 
 def by_arrival(*groups: Sequence[Request]) -> list[Request]:

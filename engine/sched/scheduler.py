@@ -119,7 +119,9 @@ class Scheduler:
         self.last_step_tokens: int | None = None
         self.num_recorded = 0  # tokens the last ``update`` gave requests
         swap = config.scheduler.preemption == "swap"
-        self.decodes = Decodes(memory, self.queues, self.kv, swap=swap)
+        self.decodes = Decodes(
+            memory, self.queues, self.kv, swap=swap, victim=policy.passive_victim
+        )
         self.pacing = Pacing(self.queues, self.tenancy) if policy.paces else None
         self.capacity = Capacity(memory, self.queues, self.kv)
         self.admission = Admission(
@@ -309,7 +311,7 @@ class Scheduler:
         # Models paced out of this step keep their memory and their place: they only
         # batch nothing.
         stepping = executing if self.pacing is None else self.pacing.select(executing, now)
-        decodes, prefills = self.decodes.reserve(stepping, plan, sitting_out, short)
+        decodes, prefills = self.decodes.reserve(stepping, plan, sitting_out, short, now)
         admit = self.admission.decide(stepping, plan, now, self.config.xfer_budget_blocks)
         if not self.config.chunked_prefill:
             self._prompts_first(plan, decodes, prefills, admit, short, now)

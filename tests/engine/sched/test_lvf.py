@@ -610,3 +610,21 @@ def test_equal_lags_go_to_the_higher_tenant_priority_first() -> None:
     ranked = dataclasses.replace(plain, priority=lambda r: 1 if r.id == "high" else 0)
     assert ids(LvfPolicy().schedule(ranked).admit) == ["high"]
     assert ids(LvfPlusPolicy().schedule(ranked).admit) == ["high"]
+
+
+def test_lvf_plus_preempts_passively_a_request_behind_its_slo_before_the_latest_arrival() -> None:
+    """A decode out of blocks preempts the latest arrival under LVF (vLLM's rule); lvf+
+    takes a request already behind its SLO first, the latest of those, and the latest
+    arrival only when every request can still meet its SLO."""
+    book = Book()
+    behind = book.add("behind", R, t_arr=0.0, t_run=0.0)
+    behind.t_first_token, behind.num_output_tokens = 1.0, 5  # 0.5 s of TBT, 9 s gone
+    late = book.add("late", R, t_arr=1.0, t_run=9.0)  # no token 9 s after arrival (TTFT 5 s)
+    ahead = book.add("ahead", R, t_arr=2.0, t_run=2.0)
+    ahead.t_first_token, ahead.num_output_tokens = 2.5, 100  # 10 s of TBT, 7.5 s gone
+    new = book.add("new", R, t_arr=8.0, t_run=8.0)  # 3 s of its TTFT left
+    running = [behind, late, ahead, new]
+    assert LvfPolicy().passive_victim(running, 10.0) is new
+    assert LvfPlusPolicy().passive_victim(running, 10.0) is late
+    assert LvfPlusPolicy().passive_victim([behind, ahead, new], 10.0) is behind
+    assert LvfPlusPolicy().passive_victim([ahead, new], 10.0) is new

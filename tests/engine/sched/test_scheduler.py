@@ -524,3 +524,24 @@ def test_without_chunked_prefill_a_models_step_runs_whole_prompts_or_decodes() -
         core.add_request(request("long", 40, 10))
     with pytest.raises(ValueError, match="needs chunked_prefill"):
         dataclasses.replace(scheduler, step_target_s=0.05)
+
+
+def test_lvf_plus_passive_preemption_swaps_out_a_request_behind_its_slo() -> None:
+    # The same two requests as the first test, "old" with a TBT target no step meets:
+    # under lvf+ the decode out of blocks takes them from "old", already behind, and
+    # "new", still in time, runs on.
+    config = tiny_config(kv_blocks=4, policy="lvf+", rotation=NO_ROTATION)
+    core, _ = make_core(config)
+    tight = dataclasses.replace(SLO, tbt_s=1e-6)
+    old = dataclasses.replace(request("old", 4, 8, t_arr=0.0), slo=tight)
+    new = request("new", 4, 8, t_arr=0.001)
+    core.add_request(old)
+    core.add_request(new)
+    preempted: list[str] = []
+    while not preempted:
+        preempted = core.executor.plans[-1].preempted if core.step().num_preempted else []  # type: ignore[attr-defined]
+    assert preempted == ["old"]
+    assert old.state is RequestState.ROTARY and new.state is RequestState.RUNNING
+    while not core.is_idle():
+        core.step()
+    assert old.num_output_tokens == 8 and new.num_output_tokens == 8
