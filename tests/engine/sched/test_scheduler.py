@@ -34,16 +34,20 @@ from tests.engine.sched.helpers import ONE_STEP_TTFT, run_capped
 NO_ROTATION = RotationConfig(eager=False)
 
 
+def _first_preempted(core: EngineCore, *requests: Request) -> list[str]:
+    """Add ``requests`` and step until one does preempt: the ids it preempted."""
+    for r in requests:
+        core.add_request(r)
+    while not core.step().num_preempted:
+        pass
+    return list(core.executor.plans[-1].preempted)  # type: ignore[attr-defined]
+
+
 def test_passive_preemption_swaps_out_the_latest_arrival() -> None:
     core, _ = make_core(tiny_config(kv_blocks=4, policy="fcfs", rotation=NO_ROTATION))
     old = request("old", 4, 8, t_arr=0.0)
     new = request("new", 4, 8, t_arr=0.001)
-    core.add_request(old)
-    core.add_request(new)
-    preempted: list[str] = []
-    while not preempted:
-        preempted = core.executor.plans[-1].preempted if core.step().num_preempted else []  # type: ignore[attr-defined]
-    assert preempted == ["new"]
+    assert _first_preempted(core, old, new) == ["new"]
     assert new.state is RequestState.ROTARY and old.state is RequestState.RUNNING
     assert new.num_computed_tokens > 0  # its KV went to host, not lost
 
@@ -535,12 +539,7 @@ def test_lvf_plus_passive_preemption_swaps_out_a_request_behind_its_slo() -> Non
     tight = dataclasses.replace(SLO, tbt_s=1e-6)
     old = dataclasses.replace(request("old", 4, 8, t_arr=0.0), slo=tight)
     new = request("new", 4, 8, t_arr=0.001)
-    core.add_request(old)
-    core.add_request(new)
-    preempted: list[str] = []
-    while not preempted:
-        preempted = core.executor.plans[-1].preempted if core.step().num_preempted else []  # type: ignore[attr-defined]
-    assert preempted == ["old"]
+    assert _first_preempted(core, old, new) == ["old"]
     assert old.state is RequestState.ROTARY and new.state is RequestState.RUNNING
     while not core.is_idle():
         core.step()
