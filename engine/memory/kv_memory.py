@@ -144,6 +144,13 @@ class KVMemory(Relocation):
         pool = self._pools[model]
         return pool.num_held * pool.block_bytes > self.bounds.floors.get(model, 0)
 
+    def spare_bytes(self, model: str) -> int:
+        """Free KV bytes the model holds beyond its floor: what compaction could give
+        another model without moving a used block."""
+        pool = self._pools[model]
+        beyond = pool.num_held * pool.block_bytes - self.bounds.floors.get(model, 0)
+        return max(0, min(pool.num_held_free * pool.block_bytes, beyond))
+
     @property
     def free_page_bytes(self) -> int:
         """Bytes of the arena's free pages."""

@@ -23,6 +23,7 @@ from shunter.engine.sched.policy import Policy, PolicyInput
 from shunter.engine.sched.preemption import preempt
 from shunter.engine.sched.pressure import KvBytes
 from shunter.engine.sched.queues import RequestQueues
+from shunter.engine.sched.room import Room
 from shunter.engine.sched.shares import fair_shares
 from shunter.engine.sched.tenancy import Tenancy
 
@@ -118,6 +119,7 @@ class Admission:
                         swap_s=self._swap_s,
                         step_s=self.step_s,
                         priority=self._priority,
+                        room=self._room(executing),
                     )
                 )
             ]
@@ -257,6 +259,17 @@ class Admission:
         if r.t_scheduled is None:
             r.t_scheduled = now
         return used
+
+    def _room(self, executing: Sequence[str]) -> Room:
+        """The executing models' free KV in bytes, pool by pool."""
+        memory, bb = self.memory, self.kv.block_bytes
+        held = {m: memory.num_held_free_blocks(m) * bb[m] for m in executing}
+        return Room(
+            held=held,
+            claims={m: memory.num_free_blocks(m) * bb[m] - held[m] for m in executing},
+            spare={m: memory.spare_bytes(m) for m in executing},
+            movable=frozenset(m for m in self.queues if memory.above_floor(m)),
+        )
 
     def _priority(self, r: Request) -> int:
         return self.tenancy.tenants[r.model].priority

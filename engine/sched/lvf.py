@@ -32,6 +32,13 @@ class LvfPolicy(Policy):
        requests lack; from the tail, preempt running requests with VLT < 0 (whose KV
        host memory can take) until both are covered.
 
+    Over several models (one decision over every executing model, in bytes) free memory
+    is counted pool by pool (``room.Room``): a candidate fits in its own model's free
+    blocks, the free pages it may claim and the memory other models hold beyond their
+    floors; what it needs beyond that comes from rotation, within B_xfer, and step 4
+    preempts, for each pool, requests whose memory that pool can use (its own model's,
+    or a model's beyond its floor). With one model this is ``left = free + B_xfer``.
+
     With a slot for every candidate this is Algorithm 1 of the paper: the check is its
     line 3, the slot count never binds and the preemption stops on blocks alone. The
     slot count only adds what the cap demands: a request is prioritized only if a slot
@@ -56,10 +63,11 @@ class LvfPolicy(Policy):
     rotates = True
 
     def schedule(self, state: PolicyInput) -> Decision:
-        free, slots = state.num_free_blocks, state.num_free_slots
         candidates = [*state.waiting, *state.rotary]
         costs = state.blks(candidates)
-        if len(candidates) <= slots and sum(costs) <= free:
+        if len(candidates) <= state.num_free_slots and state.free_room.ledger().fits_all(
+            candidates, costs
+        ):
             return Decision(admit=by_arrival(candidates))
         return self._prioritize(state, candidates, costs)
 
@@ -76,10 +84,16 @@ class LvfPolicy(Policy):
     def _prioritize(
         self, state: PolicyInput, candidates: list[Request], costs: list[int]
     ) -> Decision:
-        """Steps 2-4 (sort, prioritize, preempt) once the contention check failed."""
-        free, slots = state.num_free_blocks, state.num_free_slots
+        """Steps 2-4 (sort, prioritize, preempt) once the contention check failed.
 
-        lag = vlts(candidates, state.now)
+        Free memory is counted pool by pool (``PolicyInput.room``): a candidate takes its
+        own model's free blocks and claimable pages, and what it needs beyond them comes
+        from rotation, within B_xfer, by preempting requests whose memory its model can
+        use (``Room.helps``). With one pool this is ``left = free + B_xfer`` of Algorithm 1.
+        """
+        slots, now = state.num_free_slots, state.now
+
+        lag = vlts(candidates, now)
         # The largest VLT first; on equal VLT the higher tenant priority (stable sort:
         # then the order given).
         priority = state.priority
@@ -88,44 +102,60 @@ class LvfPolicy(Policy):
         else:
             ranks = [priority(r) for r in candidates]
             head = sorted(range(len(candidates)), key=lambda i: (lag[i], ranks[i]), reverse=True)
-        xfer = state.xfer_budget
+        xfer = xfer_left = state.xfer_budget
+        room = state.free_room
+        pool = room.pool
+        free = room.ledger()
         tail = self._victims(state, lag[head[0]] if head else 0.0)
         victims: list[Request] = []  # the head of ``tail``, pulled as slots are needed
         victim_blocks = 0
-        left = free + xfer
+        rotated: dict[str, int] = {}  # per pool, what its admissions take beyond its room
+        pulled: dict[str, int] = {}  # per pool, what the victims pulled for slots free
         decision = Decision()
         admit = decision.admit
         for i in head:  # every non-running VLT is >= 0
-            if left <= 0:
+            if xfer_left <= 0 and not free.any_available():
                 break
-            cost = costs[i]
-            if cost > left or (
-                cost > left - xfer and not self._rotates_for(candidates[i], lag[i], state.now)
-            ):
+            r, cost, p = candidates[i], costs[i], pool(candidates[i])
+            own = free.available(p)
+            short = max(0, cost - own)
+            if short > xfer_left or (short and not self._rotates_for(r, lag[i], now)):
                 continue
             if len(admit) >= slots + len(victims):
                 # Another slot, from the tail, while the transfer budget lasts.
                 victim = next(tail, None) if victim_blocks < xfer else None
                 if victim is None:
                     break
-                # Taking i leaves xfer - left + cost blocks to preempt: if the victims
-                # so far hold fewer, Algorithm 1 preempts this one for blocks anyway.
-                for_blocks = victim_blocks < xfer - left + cost
-                if not for_blocks and not frees_slot(lag[i], victim, state.now):
+                # If the victims so far free less than taking i leaves its pool to
+                # rotate, Algorithm 1 preempts this one for blocks anyway.
+                helps = room.helps(pool(victim), p)
+                for_blocks = helps and pulled.get(p, 0) < rotated.get(p, 0) + short
+                if not for_blocks and not frees_slot(lag[i], victim, now):
                     break
                 victims.append(victim)
-                victim_blocks += state.blk(victim)
-            admit.append(candidates[i])
-            left -= cost
+                nbytes = state.blk(victim)
+                victim_blocks += nbytes
+                credit = p if helps else pool(victim)
+                pulled[credit] = pulled.get(credit, 0) + nbytes
+            admit.append(r)
+            free.take(p, cost - short)
+            if short:
+                rotated[p] = rotated.get(p, 0) + short
+                xfer_left -= short
 
-        need_blocks = xfer - left
+        need = rotated
         need_slots = len(admit) - slots
         for r in chain(victims, tail):
-            if need_blocks <= 0 and need_slots <= 0:
+            if need_slots <= 0 and not any(n > 0 for n in need.values()):
                 break
+            vp = pool(r)
+            target = next((q for q, n in need.items() if n > 0 and room.helps(vp, q)), None)
+            if target is None and need_slots <= 0:
+                continue  # its memory serves no pool that lacks any
             decision.preempt.append(r)
-            need_blocks -= state.blk(r)
             need_slots -= 1
+            if target is not None:
+                need[target] -= state.blk(r)
         return decision
 
 
@@ -186,7 +216,7 @@ class LvfPlusPolicy(LvfPolicy):
     def schedule(self, state: PolicyInput) -> Decision:
         candidates = [*state.waiting, *state.rotary]
         costs = state.blks(candidates)
-        if sum(costs) <= state.num_free_blocks:
+        if state.free_room.ledger().fits_all(candidates, costs):
             return Decision(admit=by_arrival(candidates)[: state.num_free_slots])
         return self._prioritize(state, candidates, costs)
 

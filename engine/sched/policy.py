@@ -14,6 +14,7 @@ from itertools import chain
 from operator import attrgetter
 
 from shunter.engine.request import Request
+from shunter.engine.sched.room import Room
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,8 @@ class PolicyInput:
     copy a running request's KV out and back in; ``step_s``, once a step has run, the
     last step's duration (a swapped-in request sits out the step its copies take).
     ``priority(r)`` is the priority of the tenant whose model r is for
-    (``TenantSpec.priority``; higher first on equal lag).
+    (``TenantSpec.priority``; higher first on equal lag). ``room``, for a decision over
+    several models, is ``num_free_blocks`` pool by pool (``room.Room``); None: one pool.
     """
 
     model: str
@@ -50,6 +52,12 @@ class PolicyInput:
     swap_s: Callable[[Request], float] | None = None
     step_s: float | None = None
     priority: Callable[[Request], int] | None = None
+    room: Room | None = None
+
+    @property
+    def free_room(self) -> Room:
+        """``room``, or every free block in one pool."""
+        return self.room if self.room is not None else Room.one(self.num_free_blocks)
 
 
 @dataclass

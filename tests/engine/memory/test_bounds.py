@@ -51,3 +51,20 @@ def test_pools_claim_within_floors_and_ceilings() -> None:
     memory.allocate(r)
     assert memory.num_free_blocks("tiny") == 7 and memory.num_free_blocks("other") == 0
     assert memory.above_floor("other") and not memory.above_floor("tiny")
+
+
+def test_spare_memory_is_what_a_model_holds_free_beyond_its_floor() -> None:
+    block = TINY.block_bytes(4)
+    config = tiny_config(
+        kv_blocks=10,
+        models=(TINY, OTHER),
+        tenants=(TenantSpec("tiny", kv_floor=4 * block), TenantSpec("other")),
+    )
+    memory = KVMemory(config)
+    r = request("r", 24, 4, model="tiny")  # 6 blocks: 2 beyond its floor
+    memory.allocate(r)
+    assert memory.spare_bytes("tiny") == 0  # all in use
+    memory.free(r)
+    assert memory.num_held_free_blocks("tiny") == 6
+    assert memory.spare_bytes("tiny") == 2 * block  # the 4 of its floor stay its own
+    assert memory.spare_bytes("other") == 0  # holds nothing

@@ -11,6 +11,7 @@ from shunter.engine.core import EngineCore
 from shunter.engine.plan import StepPlan, StepResult
 from shunter.engine.request import Request, RequestState
 from shunter.engine.sched.policy import PolicyInput
+from shunter.engine.sched.room import Room
 from tests.engine.fakes import FakeExecutor, make_core, request, tiny_config
 
 SLO = SloSpec("paper", ttft_s=5.0, tbt_s=0.1, alpha=3.0, beta_b=0.0, beta_f=0.5)
@@ -84,8 +85,11 @@ class Book:
         t_run: float | None = None,
         t_last: float | None = None,
         slo: SloSpec = SLO,
+        model: str = "m",
     ) -> Request:
-        r = Request(id=name, model="m", prompt_tokens=4, max_output_tokens=4, slo=slo, t_arr=t_arr)
+        r = Request(
+            id=name, model=model, prompt_tokens=4, max_output_tokens=4, slo=slo, t_arr=t_arr
+        )
         r.state, r.t_run, r.t_last = state, t_run, t_last
         self.blocks[name] = blocks
         self.requests[name] = r
@@ -105,9 +109,10 @@ class Book:
         slots: int | None = None,
         swap_s: Callable[[Request], float] | None = None,
         step_s: float | None = None,
+        room: Room | None = None,
     ) -> PolicyInput:
         """The PolicyInput at ``now``; without ``slots`` the running cap leaves a slot
-        for every request."""
+        for every request; ``room``: free blocks pool by pool (None: ``free`` in one)."""
         return PolicyInput(
             model="m",
             now=now,
@@ -122,6 +127,7 @@ class Book:
             can_rotate=lambda r: r.id not in self.pinned,
             swap_s=swap_s,
             step_s=step_s,
+            room=room,
         )
 
 

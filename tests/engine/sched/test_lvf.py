@@ -15,6 +15,7 @@ from shunter.engine.sched.lvf import (
     time_out,
 )
 from shunter.engine.sched.policy import Decision
+from shunter.engine.sched.room import Room
 from tests.engine.sched.helpers import Book, ids
 
 W, R, S = RequestState.WAITING, RequestState.RUNNING, RequestState.ROTARY
@@ -628,3 +629,40 @@ def test_lvf_plus_preempts_passively_a_request_behind_its_slo_before_the_latest_
     assert LvfPlusPolicy().passive_victim(running, 10.0) is late
     assert LvfPlusPolicy().passive_victim([behind, ahead, new], 10.0) is behind
     assert LvfPlusPolicy().passive_victim([ahead, new], 10.0) is new
+
+
+def _two_pools(book: Book) -> Room:
+    """Model a's pool full, b's with 4 free blocks; a lags most and has run least."""
+    book.add("b_run", R, 2, t_run=0.0, model="b")  # the longest run: the tail's first
+    book.add("a_run", R, 4, t_run=1.0, model="a")
+    book.add("a_w", W, 2, t_arr=0.0, model="a")  # VLT 10 - 0 - 2.5 = 7.5
+    book.add("b_w", W, 2, t_arr=1.0, model="b")  # VLT 6.5
+    return Room(held={"a": 0, "b": 4})  # both within their floors
+
+
+def test_lvf_counts_free_blocks_pool_by_pool() -> None:
+    """Four blocks free, all in b's pool: the sum holds both candidates, but a's must
+    rotate a's own running request out; b's request, the tail's first, frees nothing a
+    can use and keeps running."""
+    book = Book()
+    room = _two_pools(book)
+    decision = LvfPolicy().schedule(book.state(now=10.0, free=4, xfer=4, room=room))
+    assert (ids(decision.admit), ids(decision.preempt)) == (["a_w", "b_w"], ["a_run"])
+    one_sum = LvfPolicy().schedule(book.state(now=10.0, free=4, xfer=4))
+    assert (ids(one_sum.admit), ids(one_sum.preempt)) == (["a_w", "b_w"], [])
+
+
+def test_lvf_rotates_a_model_beyond_its_floor_for_any_pool() -> None:
+    """A running request of a model beyond its floor makes room for any pool (its memory
+    is given to the model short of it at the step's end); one within its floor only for
+    its own."""
+    book = Book()
+    book.add("c_run", R, 4, t_run=0.0, model="c")
+    book.add("b_run", R, 4, t_run=0.5, model="b")
+    book.add("a_w", W, 2, t_arr=0.0, model="a")
+    within = Room(held={"a": 0, "b": 0})
+    decision = LvfPolicy().schedule(book.state(now=10.0, free=0, xfer=4, room=within))
+    assert (ids(decision.admit), ids(decision.preempt)) == (["a_w"], [])
+    beyond = dataclasses.replace(within, movable=frozenset({"b"}))
+    decision = LvfPolicy().schedule(book.state(now=10.0, free=0, xfer=4, room=beyond))
+    assert (ids(decision.admit), ids(decision.preempt)) == (["a_w"], ["b_run"])
