@@ -144,6 +144,11 @@ class KVMemory(Relocation):
         pool = self._pools[model]
         return pool.num_held * pool.block_bytes > self.bounds.floors.get(model, 0)
 
+    def unheld_floor_bytes(self, model: str) -> int:
+        """Bytes of the model's floor it does not hold: free pages kept for it alone."""
+        pool = self._pools[model]
+        return max(0, self.bounds.floors.get(model, 0) - pool.num_held * pool.block_bytes)
+
     def spare_bytes(self, model: str) -> int:
         """Free KV bytes the model holds beyond its floor: what compaction could give
         another model without moving a used block."""

@@ -264,9 +264,12 @@ class Admission:
         """The executing models' free KV in bytes, pool by pool."""
         memory, bb = self.memory, self.kv.block_bytes
         held = {m: memory.num_held_free_blocks(m) * bb[m] for m in executing}
+        kept = {m: memory.unheld_floor_bytes(m) for m in self.queues}
         return Room(
             held=held,
             claims={m: memory.num_free_blocks(m) * bb[m] - held[m] for m in executing},
+            kept={m: kept[m] for m in executing},
+            shared_pages=max(0, memory.free_page_bytes - sum(kept.values())),
             spare={m: memory.spare_bytes(m) for m in executing},
             movable=frozenset(m for m in self.queues if memory.above_floor(m)),
         )

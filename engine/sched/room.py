@@ -34,7 +34,10 @@ class Room:
     model, bytes across models).
 
     ``held``: the free units each executing model's pool holds; ``claims``: the units of
-    the shared free pages each may claim; ``spare``: the part of ``held`` beyond the
+    the free pages each may claim now (its ceiling and the others' floors allowing);
+    ``kept``: the free pages each one's floor keeps for it alone (the part of its floor it
+    does not hold), and ``shared_pages`` the free pages no floor keeps, which the claims
+    draw on once a model's own are spent; ``spare``: the part of ``held`` beyond the
     model's floor, which any pool may be given; ``movable``: the models beyond their
     floor, whose preempted requests make room for any pool. ``by_model`` False: one pool
     for every request (``one``).
@@ -42,6 +45,8 @@ class Room:
 
     held: Mapping[str, int]
     claims: Mapping[str, int] = field(default_factory=dict)
+    kept: Mapping[str, int] = field(default_factory=dict)
+    shared_pages: int = 0
     spare: Mapping[str, int] = field(default_factory=dict)
     movable: frozenset[str] = frozenset()
     by_model: bool = True
@@ -69,23 +74,33 @@ class Ledger:
         self.room = room
         self._own = {p: n - room.spare.get(p, 0) for p, n in room.held.items()}
         self._spare = sum(room.spare.values())
-        self._pages = max(room.claims.values(), default=0)  # the shared free pages
-        self._claimed = 0
+        self._kept = dict(room.kept)
+        self._shared = room.shared_pages
+        self._claimed: dict[str, int] = {}
 
     def available(self, pool: str) -> int:
         """Units a request of ``pool`` may take: its pool's own free ones, the spare ones
-        of every pool, and its claim on the free pages that others have not claimed."""
-        claim = min(self.room.claims.get(pool, 0), self._pages - self._claimed)
-        return self._own.get(pool, 0) + self._spare + max(0, claim)
+        of every pool, and its claim on the free pages: those its floor keeps, then
+        those no floor keeps that others have not claimed."""
+        return self._own.get(pool, 0) + self._spare + self._claim(pool)
 
     def take(self, pool: str, units: int) -> None:
         """Hand out ``units`` (at most ``available(pool)``): the pool's own first, then
-        the spare, then the free pages."""
+        the spare, then the free pages its floor keeps, then the shared ones."""
         own = min(units, self._own.get(pool, 0))
         self._own[pool] = self._own.get(pool, 0) - own
         spare = min(units - own, self._spare)
         self._spare -= spare
-        self._claimed += units - own - spare
+        pages = units - own - spare
+        if pages:
+            kept = min(pages, self._kept.get(pool, 0))
+            self._kept[pool] = self._kept.get(pool, 0) - kept
+            self._shared -= pages - kept
+            self._claimed[pool] = self._claimed.get(pool, 0) + pages
+
+    def _claim(self, pool: str) -> int:
+        limit = self.room.claims.get(pool, 0) - self._claimed.get(pool, 0)
+        return max(0, min(limit, self._kept.get(pool, 0) + self._shared))
 
     def any_available(self) -> bool:
         return any(self.available(p) > 0 for p in self.room.held)
