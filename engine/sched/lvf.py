@@ -34,7 +34,7 @@ class LvfPolicy(Policy):
 
     Over several models (one decision over every executing model, in bytes) free memory
     is counted pool by pool (``room.Room``): a candidate fits in its own model's free
-    blocks, the free pages it may claim and the memory other models hold beyond their
+    blocks, the free pages it may claim and what other models hold free beyond their
     floors; what it needs beyond that comes from rotation, within B_xfer, and step 4
     preempts, for each pool, requests whose memory that pool can use (its own model's,
     or a model's beyond its floor). With one model this is ``left = free + B_xfer``.
@@ -87,9 +87,10 @@ class LvfPolicy(Policy):
         """Steps 2-4 (sort, prioritize, preempt) once the contention check failed.
 
         Free memory is counted pool by pool (``PolicyInput.room``): a candidate takes its
-        own model's free blocks and claimable pages, and what it needs beyond them comes
-        from rotation, within B_xfer, by preempting requests whose memory its model can
-        use (``Room.helps``). With one pool this is ``left = free + B_xfer`` of Algorithm 1.
+        own model's free blocks, the spare ones and its claim on the free pages
+        (``Ledger.available``), and what it needs beyond them comes from rotation, within
+        B_xfer, by preempting requests whose memory its model can use (``Room.helps``).
+        With one pool this is ``left = free + B_xfer`` of Algorithm 1.
         """
         slots, now = state.num_free_slots, state.now
 
