@@ -141,20 +141,22 @@ class KVMemory(Relocation):
 
     def above_floor(self, model: str) -> bool:
         """Whether the model holds KV beyond its floor: memory other models could use."""
-        pool = self._pools[model]
-        return pool.num_held * pool.block_bytes > self.bounds.floors.get(model, 0)
+        return self._beyond_floor(model) > 0
 
     def unheld_floor_bytes(self, model: str) -> int:
         """Bytes of the model's floor it does not hold: free pages kept for it alone."""
-        pool = self._pools[model]
-        return max(0, self.bounds.floors.get(model, 0) - pool.num_held * pool.block_bytes)
+        return max(0, -self._beyond_floor(model))
 
     def spare_bytes(self, model: str) -> int:
         """Free KV bytes the model holds beyond its floor: what compaction could give
         another model without moving a used block."""
         pool = self._pools[model]
-        beyond = pool.num_held * pool.block_bytes - self.bounds.floors.get(model, 0)
-        return max(0, min(pool.num_held_free * pool.block_bytes, beyond))
+        return max(0, min(pool.num_held_free * pool.block_bytes, self._beyond_floor(model)))
+
+    def _beyond_floor(self, model: str) -> int:
+        """Bytes the model's pool holds beyond its floor (negative: short of it)."""
+        pool = self._pools[model]
+        return pool.num_held * pool.block_bytes - self.bounds.floors.get(model, 0)
 
     @property
     def free_page_bytes(self) -> int:

@@ -23,7 +23,6 @@ from shunter.engine.sched.policy import Policy, PolicyInput
 from shunter.engine.sched.preemption import preempt
 from shunter.engine.sched.pressure import KvBytes
 from shunter.engine.sched.queues import RequestQueues
-from shunter.engine.sched.room import Room
 from shunter.engine.sched.shares import fair_shares
 from shunter.engine.sched.tenancy import Tenancy
 
@@ -97,6 +96,7 @@ class Admission:
             # costs with free memory and the budget, so any one unit serves.
             bb = self.kv.block_bytes
             xfer = budget * max(bb[m] for m in executing) if executing and self.rotates else 0
+            room = self.kv.room(executing)
             decisions = [
                 self.policy.schedule(
                     PolicyInput(
@@ -105,7 +105,7 @@ class Admission:
                         running=[
                             r
                             for m, q in self.queues.items()
-                            if m in executing or memory.above_floor(m)
+                            if m in executing or m in room.movable
                             for r in q.running.values()
                         ],
                         waiting=[r for m in executing for r in self.queues[m].waiting.values()],
@@ -119,7 +119,7 @@ class Admission:
                         swap_s=self._swap_s,
                         step_s=self.step_s,
                         priority=self._priority,
-                        room=self._room(executing),
+                        room=room,
                     )
                 )
             ]
@@ -259,20 +259,6 @@ class Admission:
         if r.t_scheduled is None:
             r.t_scheduled = now
         return used
-
-    def _room(self, executing: Sequence[str]) -> Room:
-        """The executing models' free KV in bytes, pool by pool."""
-        memory, bb = self.memory, self.kv.block_bytes
-        held = {m: memory.num_held_free_blocks(m) * bb[m] for m in executing}
-        kept = {m: memory.unheld_floor_bytes(m) for m in self.queues}
-        return Room(
-            held=held,
-            claims={m: memory.num_free_blocks(m) * bb[m] - held[m] for m in executing},
-            kept={m: kept[m] for m in executing},
-            shared_pages=max(0, memory.free_page_bytes - sum(kept.values())),
-            spare={m: memory.spare_bytes(m) for m in executing},
-            movable=frozenset(m for m in self.queues if memory.above_floor(m)),
-        )
 
     def _priority(self, r: Request) -> int:
         return self.tenancy.tenants[r.model].priority

@@ -110,7 +110,8 @@ class LvfPolicy(Policy):
         tail = self._victims(state, lag[head[0]] if head else 0.0)
         victims: list[Request] = []  # the head of ``tail``, pulled as slots are needed
         victim_blocks = 0
-        rotated: dict[str, int] = {}  # per pool, what its admissions take beyond its room
+        # Per pool, what its admissions take beyond its room: step 4 rotates that out.
+        rotated: dict[str, int] = {}
         pulled: dict[str, int] = {}  # per pool, what the victims pulled for slots free
         decision = Decision()
         admit = decision.admit
@@ -144,19 +145,19 @@ class LvfPolicy(Policy):
                 rotated[p] = rotated.get(p, 0) + short
                 xfer_left -= short
 
-        need = rotated
+        # Step 4: preempt until the slots and every pool's rotated blocks are covered.
         need_slots = len(admit) - slots
         for r in chain(victims, tail):
-            if need_slots <= 0 and not any(n > 0 for n in need.values()):
+            if need_slots <= 0 and not any(n > 0 for n in rotated.values()):
                 break
             vp = pool(r)
-            target = next((q for q, n in need.items() if n > 0 and room.helps(vp, q)), None)
+            target = next((q for q, n in rotated.items() if n > 0 and room.helps(vp, q)), None)
             if target is None and need_slots <= 0:
                 continue  # its memory serves no pool that lacks any
             decision.preempt.append(r)
             need_slots -= 1
             if target is not None:
-                need[target] -= state.blk(r)
+                rotated[target] -= state.blk(r)
         return decision
 
 

@@ -16,6 +16,7 @@ from shunter.engine.remap.controller import Pressure
 from shunter.engine.request import Request, vlts
 from shunter.engine.sched.lvf import num_slots_freed
 from shunter.engine.sched.queues import RequestQueues
+from shunter.engine.sched.room import Room
 
 
 class KvBytes:
@@ -43,6 +44,20 @@ class KvBytes:
             default=0,
         )
         return held + claim
+
+    def room(self, executing: Sequence[str]) -> Room:
+        """The executing models' free KV pool by pool (``free`` counts it as one sum)."""
+        memory, bb = self.memory, self.block_bytes
+        held = {m: memory.num_held_free_blocks(m) * bb[m] for m in executing}
+        kept = {m: memory.unheld_floor_bytes(m) for m in self.queues}
+        return Room(
+            held=held,
+            claims={m: memory.num_free_blocks(m) * bb[m] - held[m] for m in executing},
+            kept={m: kept[m] for m in executing},
+            shared_pages=max(0, memory.free_page_bytes - sum(kept.values())),
+            spare={m: memory.spare_bytes(m) for m in executing},
+            movable=frozenset(m for m in self.queues if memory.above_floor(m)),
+        )
 
     def pressure(
         self,

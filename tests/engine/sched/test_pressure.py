@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from shunter.engine.config import SloSpec
-from tests.engine.fakes import SLO, make_core, request, tiny_config
+from shunter.engine.config import SloSpec, TenantSpec
+from shunter.engine.memory.kv_memory import KVMemory
+from shunter.engine.sched.pressure import KvBytes
+from shunter.engine.sched.queues import RequestQueues
+from tests.engine.fakes import SLO, TINY, make_core, request, tiny_config
+
+OTHER = dataclasses.replace(TINY, name="other")
 
 
 def _extra_demand(waited_s: float, slo: SloSpec = SLO) -> tuple[int, int]:
@@ -47,3 +52,29 @@ def test_pressure_counts_no_slot_for_a_request_that_lagged_longer_than_they_ran(
 def test_pressure_counts_no_slot_for_a_request_within_its_tolerance() -> None:
     extra, _ = _extra_demand(0.06)
     assert extra == 0
+
+
+def test_the_room_keeps_each_floor_apart_and_offers_what_a_pool_holds_beyond_it() -> None:
+    """tiny's floor is 4 blocks of the 10: before it holds any, those pages are kept for
+    it and 6 are shared; holding 6 free blocks, 2 of them are beyond its floor (spare, and
+    tiny is movable) and nothing is kept."""
+    block = TINY.block_bytes(4)  # one block per page in tiny_config
+    config = tiny_config(
+        kv_blocks=10,
+        models=(TINY, OTHER),
+        tenants=(TenantSpec("tiny", kv_floor=4 * block), TenantSpec("other")),
+    )
+    memory = KVMemory(config)
+    queues = {m: RequestQueues() for m in ("tiny", "other")}
+    kv = KvBytes(memory, queues, config.scheduler)
+    room = kv.room(["tiny", "other"])
+    assert (room.kept, room.shared_pages) == ({"tiny": 4 * block, "other": 0}, 6 * block)
+    assert room.spare == {"tiny": 0, "other": 0} and not room.movable
+    r = request("r", 24, 4)  # 6 blocks of tiny
+    memory.allocate(r)
+    memory.free(r)
+    room = kv.room(["tiny", "other"])
+    assert room.held == {"tiny": 6 * block, "other": 0}
+    assert room.spare == {"tiny": 2 * block, "other": 0} and room.movable == {"tiny"}
+    assert room.kept == {"tiny": 0, "other": 0} and room.shared_pages == 4 * block
+    assert room.ledger().available("other") == 2 * block + 4 * block  # spare, shared pages
