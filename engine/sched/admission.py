@@ -110,7 +110,7 @@ class Admission:
                         ],
                         waiting=[r for m in executing for r in self.queues[m].waiting.values()],
                         rotary=[r for m in executing for r in self.queues[m].rotary.values()],
-                        num_free_blocks=self.kv.free(executing),
+                        num_free_blocks=room.total,
                         num_free_slots=slots,
                         xfer_budget=max(0, xfer - memory.swap_bytes_in_flight),
                         blk=lambda r: memory.blk(r) * bb[r.model],

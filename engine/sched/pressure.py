@@ -16,7 +16,7 @@ from shunter.engine.remap.controller import Pressure
 from shunter.engine.request import Request, vlts
 from shunter.engine.sched.lvf import num_slots_freed
 from shunter.engine.sched.queues import RequestQueues
-from shunter.engine.sched.room import Room
+from shunter.engine.sched.room import Room, one_sum
 
 
 class KvBytes:
@@ -37,27 +37,30 @@ class KvBytes:
     def free(self, models: Sequence[str]) -> int:
         """Bytes ``models`` may allocate now: their pools' free blocks and the largest
         claim one of them could make (claims are shared)."""
-        memory, bb = self.memory, self.block_bytes
-        held = sum(memory.num_held_free_blocks(m) * bb[m] for m in models)
-        claim = max(
-            ((memory.num_free_blocks(m) - memory.num_held_free_blocks(m)) * bb[m] for m in models),
-            default=0,
-        )
-        return held + claim
+        return one_sum(*self._held_and_claims(models))
 
     def room(self, executing: Sequence[str]) -> Room:
-        """The executing models' free KV pool by pool (``free`` counts it as one sum)."""
-        memory, bb = self.memory, self.block_bytes
-        held = {m: memory.num_held_free_blocks(m) * bb[m] for m in executing}
+        """The executing models' free KV pool by pool (``free`` counts it as one sum:
+        ``Room.total``)."""
+        memory = self.memory
+        held, claims = self._held_and_claims(executing)
         kept = {m: memory.unheld_floor_bytes(m) for m in self.queues}
         return Room(
             held=held,
-            claims={m: memory.num_free_blocks(m) * bb[m] - held[m] for m in executing},
+            claims=claims,
             kept={m: kept[m] for m in executing},
             shared_pages=max(0, memory.free_page_bytes - sum(kept.values())),
             spare={m: memory.spare_bytes(m) for m in executing},
             movable=frozenset(m for m in self.queues if memory.above_floor(m)),
         )
+
+    def _held_and_claims(self, models: Sequence[str]) -> tuple[dict[str, int], dict[str, int]]:
+        """Per model, the free bytes its pool holds and those of the free pages it may
+        claim now."""
+        memory, bb = self.memory, self.block_bytes
+        held = {m: memory.num_held_free_blocks(m) * bb[m] for m in models}
+        claims = {m: memory.num_free_blocks(m) * bb[m] - held[m] for m in models}
+        return held, claims
 
     def pressure(
         self,

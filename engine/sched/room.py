@@ -28,6 +28,12 @@ from shunter.engine.request import Request
 ONE_POOL = ""
 
 
+def one_sum(held: Mapping[str, int], claims: Mapping[str, int]) -> int:
+    """Free memory counted as one sum: every pool's held free units and the largest
+    claim one of them could make (the claims share the free pages)."""
+    return sum(held.values()) + max(claims.values(), default=0)
+
+
 @dataclass(frozen=True)
 class Room:
     """Free memory at the start of a decision, in the decision's units (blocks for one
@@ -55,6 +61,11 @@ class Room:
     def one(cls, free: int) -> Room:
         """Every request in one pool of ``free`` units."""
         return cls(held={ONE_POOL: free}, by_model=False)
+
+    @property
+    def total(self) -> int:
+        """The room as one sum (``one_sum``): what policies without pools count."""
+        return one_sum(self.held, self.claims)
 
     def pool(self, r: Request) -> str:
         return r.model if self.by_model else ONE_POOL

@@ -78,3 +78,4 @@ def test_the_room_keeps_each_floor_apart_and_offers_what_a_pool_holds_beyond_it(
     assert room.spare == {"tiny": 2 * block, "other": 0} and room.movable == {"tiny"}
     assert room.kept == {"tiny": 0, "other": 0} and room.shared_pages == 4 * block
     assert room.ledger().available("other") == 2 * block + 4 * block  # spare, shared pages
+    assert room.total == kv.free(["tiny", "other"])  # as one sum
