@@ -25,8 +25,8 @@ from shunter.engine.benchfigure import BenchFigure, read_figures
 
 # The variants that keep the victim's SLO (``bench isolation --on sim``): not
 # ``combined``, Algorithm 1 with remapping, which misses (docs/engine.md): its rotations
-# for the aggressor take the simulated host link, in issue order, ahead of the layers the
-# victim's passes stream back. A margin would hide that.
+# for the aggressor share the simulated host link with the layers the victim's passes
+# stream back. A margin would hide that.
 ISOLATING_VARIANTS = ("vllm", "lvf", "lvf+", "oneiros", "combined+")
 
 MET, WITHIN, MISSED, MISSING, NO_MARGIN = "met", "within margin", "MISSED", "MISSING", "NO MARGIN"

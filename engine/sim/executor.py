@@ -11,7 +11,7 @@ from shunter.engine.plan import StepPlan, StepResult
 from shunter.engine.sim.clock import VirtualClock
 from shunter.engine.sim.cost import SeqWork, StepCostModel
 from shunter.engine.sim.switch import SwitchCosts
-from shunter.engine.sim.transfers import SimulatedTransfers
+from shunter.engine.sim.transfers import LinkCopy, SimulatedTransfers
 from shunter.engine.sim.weights import WeightStreams
 
 
@@ -68,27 +68,29 @@ class SimulatedExecutor(Executor):
         self._hbm_bw = hbm_bw
         self._weights = weights
         self._switches = switches
-        self._ready_at: dict[str, float] = {}
+        self._ready_at: dict[str, LinkCopy] = {}  # swapped in: the copy it waits for
         self.totals = ExecutorTotals()
 
     def execute(self, plan: StepPlan) -> StepResult:
         t_called = self._clock.now()
         start = t_called
-        for entry in plan.batch:
-            ready = self._ready_at.pop(entry.request_id, None)
-            if ready is not None:
-                start = max(start, ready)
-        h2d_done = self._transfers.pop_h2d_done(plan.step)
-        if h2d_done is not None:
-            # These join a later batch, once their blocks have landed.
-            for request_id in plan.swapped_in:
-                self._ready_at[request_id] = h2d_done
-        for request_id in plan.released:
-            self._ready_at.pop(request_id, None)
         if self._weights is not None:
+            # Issued before the batch's swap-ins are waited for: they share the link.
             for model, loads in plan.restored.items():
                 layers = [load.layer for load in loads]
                 self.totals.weight_bytes += self._weights.load(model, layers, t_called)
+        for entry in plan.batch:
+            copy = self._ready_at.pop(entry.request_id, None)
+            if copy is not None:
+                start = max(start, self._transfers.link.landed(copy))
+        h2d = self._transfers.pop_h2d_done(plan.step)
+        if h2d is not None:
+            # These join a later batch, once their blocks have landed: when that is, the
+            # link says then (copies issued in between may share it).
+            for request_id in plan.swapped_in:
+                self._ready_at[request_id] = h2d
+        for request_id in plan.released:
+            self._ready_at.pop(request_id, None)
 
         work: dict[str, list[SeqWork]] = defaultdict(list)
         sampled: dict[str, int] = defaultdict(int)

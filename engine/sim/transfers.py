@@ -2,34 +2,118 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shunter.engine.interfaces import Transfers
 from shunter.engine.plan import BlockCopies, StepPlan
 from shunter.engine.sim.clock import VirtualClock
 from shunter.engine.sim.cost import CopyBatch, CopyCostModel
 
+KV_STREAM = "kv"
+WEIGHT_STREAM = "weights"
+_LANDED_EPS_S = 1e-12  # what floating-point rounding leaves of a copy that has landed
 
-@dataclass
+
+@dataclass(eq=False)
+class LinkCopy:
+    """One copy on the host-to-device link: issued on ``stream``, not to start before
+    ``not_before``, taking ``duration_s`` on the link alone. ``landed`` is set once the
+    link has settled past its landing (``HostToDeviceLink.landed`` projects it before)."""
+
+    stream: str
+    not_before: float
+    duration_s: float
+    remaining_s: float = field(init=False)
+    landed: float | None = None
+
+    def __post_init__(self) -> None:
+        self.remaining_s = self.duration_s
+
+
+def _run_link(queues: Mapping[str, deque[LinkCopy]], t: float, until: float) -> float:
+    """Move the queued copies from ``t`` to ``until`` (``math.inf``: until the last
+    lands): each stream copies its queue in order, and the streams with a copy under way
+    share the link evenly. Sets ``landed`` on each copy that lands and pops it; returns
+    the time reached."""
+    while True:
+        for queue in queues.values():
+            while queue and queue[0].not_before <= t and queue[0].remaining_s <= _LANDED_EPS_S:
+                queue.popleft().landed = t
+        heads = [queue[0] for queue in queues.values() if queue]
+        if not heads:
+            return t if until == math.inf else max(t, until)
+        active = [c for c in heads if c.not_before <= t]
+        waiting = [c.not_before for c in heads if c.not_before > t]
+        share = len(active)
+        first = min(active, key=lambda c: c.remaining_s) if active else None
+        lands = math.inf if first is None else t + first.remaining_s * share
+        next_t = min([lands, *waiting])
+        if next_t > until:
+            for c in active:
+                c.remaining_s -= (until - t) / share
+            return until
+        for c in active:
+            c.remaining_s -= (next_t - t) / share
+        if first is not None and next_t == lands:
+            first.remaining_s = 0.0  # exactly, whatever the rounding above left
+        t = next_t
+
+
 class HostToDeviceLink:
     """The host-to-device direction of the link, shared by every copy that crosses it:
-    KV swap-ins (``SimulatedTransfers``) and weight copies (``sim.weights``). Copies
-    take it in issue order, each for as long as it needs the link alone, so what is
-    copied over any span of time never exceeds what the link moves in it; a copy that
-    waits for the link delays what waits for the copy."""
+    KV swap-ins on one stream (``SimulatedTransfers``), weight copies on another
+    (``sim.weights``), as the CUDA executor issues them (its swap-in stream and its
+    slots' copy stream). Each stream copies in issue order; streams with a copy under
+    way share the link evenly (a fluid model: k busy streams move at 1/k of the link
+    each), so together they never move more than the link does, and a copy on one
+    stream waits for its own stream's queue but not for the whole of another's.
 
-    free_at: float = 0.0
-    busy_s: float = 0.0
+    Another stream's later copies slow one already issued, so a copy's landing is
+    projected from what has been issued so far (``landed``), and final once the link has
+    settled past it (``settle(now)``: nothing issued from then on starts before ``now``).
+    """
 
-    def reserve(self, not_before: float, duration_s: float) -> float:
-        """Take the link for ``duration_s`` from ``not_before`` or once it is free; when
-        the copy lands."""
-        start = max(self.free_at, not_before)
-        self.free_at = start + duration_s
+    def __init__(self) -> None:
+        self._queues: dict[str, deque[LinkCopy]] = {}
+        self._t = 0.0  # settled up to here
+        self._projected: dict[LinkCopy, float] | None = None
+        self.busy_s = 0.0  # the copies' time on the link alone, summed
+
+    def issue(self, stream: str, not_before: float, duration_s: float) -> LinkCopy:
+        """Queue a copy of ``duration_s`` (on the link alone) on ``stream``, to start at
+        ``not_before`` or later (never before where the link has settled)."""
+        copy = LinkCopy(stream, max(not_before, self._t), duration_s)
+        self._queues.setdefault(stream, deque()).append(copy)
+        self._projected = None
         self.busy_s += duration_s
-        return self.free_at
+        return copy
+
+    def settle(self, now: float) -> None:
+        """Run the link up to ``now``: every copy landed by then is final. The caller
+        issues nothing to start before ``now`` from then on."""
+        if now > self._t:
+            self._t = _run_link(self._queues, self._t, now)
+            self._projected = None
+
+    def landed(self, copy: LinkCopy) -> float:
+        """When ``copy`` lands: final once settled, else projected from the copies
+        issued so far."""
+        if copy.landed is not None:
+            return copy.landed
+        if self._projected is None:
+            clones = {c: dataclasses.replace(c) for q in self._queues.values() for c in q}
+            for original, clone in clones.items():
+                clone.remaining_s = original.remaining_s
+            queues = {s: deque(clones[c] for c in q) for s, q in self._queues.items()}
+            _run_link(queues, self._t, math.inf)
+            self._projected = {
+                c: math.inf if clone.landed is None else clone.landed for c, clone in clones.items()
+            }
+        return self._projected[copy]
 
 
 @dataclass
@@ -40,7 +124,6 @@ class TransferTotals:
     h2d_blocks: int = 0
     d2h_bytes: int = 0
     h2d_bytes: int = 0
-    busy_s: float = 0.0
 
 
 class SimulatedTransfers(Transfers):
@@ -48,10 +131,12 @@ class SimulatedTransfers(Transfers):
 
     A step's two batches start together when submitted, or when the previous step's
     batches are done if those are still running (each stream is FIFO); their times come
-    from ``CopyCostModel.duplex_times``. The H2D batch also waits for the host-to-device
-    ``link`` (shared with weight copies). A step without copies completes with the steps
-    before it, so steps complete in increasing order. ``pop_h2d_done(step)`` tells the
-    simulated executor when a step's swap-ins have landed.
+    from ``CopyCostModel.duplex_times``. The H2D batch is a copy on the host-to-device
+    ``link``'s KV stream, sharing the link with weight copies, so when it lands is known
+    for sure only once the link has settled past it (``HostToDeviceLink``). A step
+    without copies completes with the steps before it, so steps complete in increasing
+    order. ``pop_h2d_done(step)`` hands the simulated executor a step's swap-in copy, to
+    ask the link when it lands.
     """
 
     def __init__(
@@ -65,9 +150,10 @@ class SimulatedTransfers(Transfers):
         self._copies = copies
         self._block_bytes = dict(block_bytes)
         self.link = HostToDeviceLink() if link is None else link
-        self._pending: deque[tuple[float, int]] = deque()  # (completion time, step)
-        self._h2d_done: dict[int, float] = {}
-        self._free_at = 0.0
+        # (when its D2H batch lands, its H2D copy if any, step)
+        self._pending: deque[tuple[float, LinkCopy | None, int]] = deque()
+        self._h2d: dict[int, LinkCopy] = {}
+        self._last_done = 0.0  # when the last step reported by poll completed
         self.totals = TransferTotals()
 
     def _batch(self, *copies: Mapping[str, BlockCopies]) -> CopyBatch:
@@ -79,37 +165,51 @@ class SimulatedTransfers(Transfers):
         groups = tuple((n, self._block_bytes[m]) for m, n in counts.items() if n)
         return CopyBatch(groups)
 
+    def _done(self, d2h_done: float, h2d: LinkCopy | None) -> float:
+        return d2h_done if h2d is None else max(d2h_done, self.link.landed(h2d))
+
+    def _free_at(self) -> float:
+        """When the batches submitted so far complete, as projected now."""
+        return max([self._last_done, *(self._done(d, h) for d, h, _ in self._pending)])
+
     def submit(self, plan: StepPlan) -> None:
         now = self._clock.now()
         d2h, h2d = self._batch(plan.swap_out, plan.rotate), self._batch(plan.swap_in)
-        start = max(now, self._free_at)
-        if d2h.is_empty and h2d.is_empty:
-            done = h2d_done = start
-        else:
+        start = max(now, self._free_at())
+        d2h_done, h2d_copy = start, None
+        if not (d2h.is_empty and h2d.is_empty):
             d2h_s, h2d_s = self._copies.duplex_times(d2h, h2d)
-            h2d_done = self.link.reserve(start, h2d_s) if h2d_s > 0 else start
-            done = max(start + d2h_s, h2d_done)
-            self._free_at = done
-            self.totals.busy_s += done - start
+            d2h_done = start + d2h_s
+            if h2d_s > 0:
+                h2d_copy = self.link.issue(KV_STREAM, start, h2d_s)
+                self._h2d[plan.step] = h2d_copy
         self.totals.d2h_blocks += plan.num_d2h_blocks
         self.totals.h2d_blocks += plan.num_h2d_blocks
         self.totals.d2h_bytes += d2h.total_bytes
         self.totals.h2d_bytes += h2d.total_bytes
-        if not h2d.is_empty:
-            self._h2d_done[plan.step] = h2d_done
-        self._pending.append((done, plan.step))
+        self._pending.append((d2h_done, h2d_copy, plan.step))
 
     def poll(self, now: float) -> list[int]:
+        self.link.settle(now)
         done: list[int] = []
-        while self._pending and self._pending[0][0] <= now:
-            done.append(self._pending.popleft()[1])
+        while self._pending:
+            d2h_done, h2d, step = self._pending[0]
+            end = max(self._last_done, self._done(d2h_done, h2d))
+            if end > now:
+                break
+            self._pending.popleft()
+            self._last_done = end
+            done.append(step)
         return done
 
-    def pop_h2d_done(self, step: int) -> float | None:
-        """When step ``step``'s swap-ins complete, asked once (the executor does, when
-        it runs that step); None if it had none."""
-        return self._h2d_done.pop(step, None)
+    def pop_h2d_done(self, step: int) -> LinkCopy | None:
+        """Step ``step``'s swap-in copy, asked once (the executor does, when it runs
+        that step; the link says when it lands); None if it had none."""
+        return self._h2d.pop(step, None)
 
     def next_completion(self) -> float | None:
-        """The earliest completion time not yet reported by ``poll``, if any."""
-        return self._pending[0][0] if self._pending else None
+        """The earliest completion not yet reported by ``poll``, as projected now."""
+        if not self._pending:
+            return None
+        d2h_done, h2d, _ = self._pending[0]
+        return max(self._last_done, self._done(d2h_done, h2d))

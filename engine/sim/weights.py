@@ -12,10 +12,11 @@ The pipeline is circular (Oneiros §5.4): right after a pass, the first streamed
 of the next pass are copied into the slots as they free up, during whatever comes
 between the two passes. A changed layout starts over with empty slots.
 
-All models' weight copies share the host-to-device link with the KV swap-ins
-(``transfers.HostToDeviceLink``), in issue order: a weight copy waits while a swap-in
-holds the link and the other way round, so the two never move more together than the
-link's one-direction bandwidth.
+All models' weight copies go on one stream of the host-to-device link
+(``transfers.HostToDeviceLink``), in issue order, and share the link with the KV
+swap-ins' stream: while both have a copy under way each moves at half the link, so the
+two never move more together than the link's one-direction bandwidth, and a layer's copy
+is slowed by a swap-in batch but does not wait for the whole of it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from shunter.engine.sim.transfers import HostToDeviceLink
+from shunter.engine.sim.transfers import WEIGHT_STREAM, HostToDeviceLink, LinkCopy
 
 
 @dataclass(frozen=True)
@@ -40,9 +41,9 @@ class PassTiming:
 @dataclass
 class _Pipeline:
     layout: tuple[tuple[int, ...], int] = ((), 0)
-    ahead: dict[int, float] = field(default_factory=dict)  # position -> copy landed
+    ahead: dict[int, LinkCopy] = field(default_factory=dict)  # position -> its copy
     slot_free: list[float] = field(default_factory=list)  # when each slot's occupant ran
-    loads: dict[int, float] = field(default_factory=dict)  # restored layer -> load landed
+    loads: dict[int, LinkCopy] = field(default_factory=dict)  # restored layer -> its load
 
 
 class WeightStreams:
@@ -64,8 +65,8 @@ class WeightStreams:
         self.link = HostToDeviceLink() if link is None else link
         self._pipelines: dict[str, _Pipeline] = {}
 
-    def _copy(self, model: str, not_before: float) -> float:
-        return self.link.reserve(not_before, self.t_transfer[model])
+    def _copy(self, model: str, not_before: float) -> LinkCopy:
+        return self.link.issue(WEIGHT_STREAM, not_before, self.t_transfer[model])
 
     def load(self, model: str, layers: Sequence[int], now: float) -> int:
         """Issue one-time loads of ``layers`` (restored to residency) at ``now``; the
@@ -97,21 +98,24 @@ class WeightStreams:
             pipe.slot_free = [start] * num_slots
         layer_bytes = self.layer_bytes[model]
         copied = 0
-        landed_at, pipe.loads = pipe.loads, {}
+        loads, pipe.loads = pipe.loads, {}
         position_of = {layer: i for i, layer in enumerate(streamed)}
         t, done, stall, num_stalls = start, 0, 0.0, 0
-        for layer in sorted({*landed_at, *streamed}):
+        for layer in sorted({*loads, *streamed}):
             t += (layer - done) * t_layer  # the layers before it, all resident
             position = position_of.get(layer)
             if position is not None:
-                landed = pipe.ahead.pop(position, None)
-                if landed is None:
+                copy = pipe.ahead.pop(position, None)
+                if copy is None:
                     # The copy stream is in position order, so issuing it now is issuing
                     # it when the slot freed (its previous occupant ran earlier).
-                    landed = self._copy(model, pipe.slot_free[position % num_slots])
+                    copy = self._copy(model, pipe.slot_free[position % num_slots])
                     copied += layer_bytes
             else:
-                landed = landed_at[layer]
+                copy = loads[layer]
+            # Nothing issued from here on starts before this pass's layers, so what the
+            # link projects for this copy now is when it lands.
+            landed = self.link.landed(copy)
             if landed > t:
                 stall += landed - t
                 num_stalls += 1

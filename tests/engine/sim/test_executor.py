@@ -70,7 +70,8 @@ def test_transfers_complete_in_duplex_time_and_are_polled_in_order() -> None:
     d2h_s, h2d_s = CopyCostModel(gh200).duplex_times(
         CopyBatch(((100, BLOCK),)), CopyBatch(((50, BLOCK),))
     )
-    assert transfers.pop_h2d_done(0) == pytest.approx(h2d_s)
+    h2d = transfers.pop_h2d_done(0)
+    assert h2d is not None and transfers.link.landed(h2d) == pytest.approx(h2d_s)
     assert transfers.pop_h2d_done(0) is None
     assert transfers.poll(0.0) == []
     transfers.submit(StepPlan(step=1))  # no copies, but completes after step 0
@@ -87,7 +88,8 @@ def test_back_to_back_batches_queue_behind_each_other() -> None:
     one = CopyCostModel(gh200).one_way_time(CopyBatch(((200, BLOCK),)))
     transfers.submit(StepPlan(step=0, rotate={QWEN.name: copies(200)}))
     transfers.submit(StepPlan(step=1, swap_in={QWEN.name: copies(200)}))
-    assert transfers.pop_h2d_done(1) == pytest.approx(2 * one)
+    h2d = transfers.pop_h2d_done(1)
+    assert h2d is not None and transfers.link.landed(h2d) == pytest.approx(2 * one)
     assert transfers.poll(1.5 * one) == [0]
     assert transfers.poll(2 * one) == [1]
 

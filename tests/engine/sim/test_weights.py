@@ -10,7 +10,7 @@ from shunter.engine.remap.layers import num_slots, select
 from shunter.engine.sim.hardware import get_profile
 from shunter.engine.sim.runner import simulate
 from shunter.engine.sim.scenario_sweep import ScenarioSpec
-from shunter.engine.sim.transfers import HostToDeviceLink
+from shunter.engine.sim.transfers import KV_STREAM, HostToDeviceLink
 from shunter.engine.sim.weights import PassTiming, WeightStreams
 
 N, T_C, HEAD = 40, 1e-3, 2e-4
@@ -109,15 +109,16 @@ def test_models_share_one_copy_stream() -> None:
     assert b.stall_s == pytest.approx(20 * T_C)  # queued behind a's load
 
 
-def test_weight_copies_wait_for_kv_swap_ins_on_the_shared_link() -> None:
+def test_weight_copies_share_the_link_with_kv_swap_ins() -> None:
     link = HostToDeviceLink()
-    assert link.reserve(0.0, 2.0) == 2.0  # a KV swap-in holds the link until t = 2
+    swap_in = link.issue(KV_STREAM, 0.0, 2.0)  # a KV swap-in, 2 s on the link alone
     streams = WeightStreams({"m": 1.0}, {"m": 1000}, link=link)
     streams.load("m", [0], 0.5)  # a restored layer, issued while the swap-in runs
     timing = streams.run_pass("m", 0.0, num_layers=2, t_layer=0.1, t_head=0.0)
-    # It lands at 3 (after the swap-in, then its own second), not at 1.5.
-    assert timing.stall_s == pytest.approx(3.0)
-    assert link.free_at == pytest.approx(3.0) and link.busy_s == pytest.approx(3.0)
+    # From 0.5 each moves at half the link: the layer's 1 s of copying lands at 2.5 (not
+    # at 1.5 as alone, nor at 3 behind the whole swap-in), the swap-in at 3.
+    assert timing.stall_s == pytest.approx(2.5)
+    assert link.landed(swap_in) == pytest.approx(3.0) and link.busy_s == pytest.approx(3.0)
 
 
 def test_a_combined_run_never_moves_more_than_the_link_carries() -> None:
