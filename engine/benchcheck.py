@@ -24,9 +24,9 @@ from pathlib import Path
 from shunter.engine.benchfigure import BenchFigure, read_figures
 
 # The variants that keep the victim's SLO (``bench isolation --on sim``): not
-# ``combined``, Algorithm 1 with remapping, which misses (docs/engine.md): its rotations
-# for the aggressor share the simulated host link with the layers the victim's passes
-# stream back. A margin would hide that.
+# ``combined``, Algorithm 1 with remapping, which misses c2's joint attainment
+# (docs/engine.md): it rotates the victim's requests out for the aggressor's within their
+# tolerance, as Algorithm 1 does. A margin would hide that.
 ISOLATING_VARIANTS = ("vllm", "lvf", "lvf+", "oneiros", "combined+")
 
 MET, WITHIN, MISSED, MISSING, NO_MARGIN = "met", "within margin", "MISSED", "MISSING", "NO MARGIN"

@@ -296,8 +296,8 @@ class RemapConfig:
     that may be remapped; ``headroom_fraction`` of the arena is the hysteresis of
     dynamic reversion; ``capacity_order`` is the order in which the engine takes device
     memory when KV runs short (names of ``CAPACITY_SOURCES``, ``"free"`` first; leave
-    one out never to use it); ``ewma_weight`` weighs each measured forward pass in the
-    compute-time estimates.
+    one out never to use it); ``ewma_weight`` weighs each measured forward pass and layer
+    copy in the time estimates (``remap.timing``).
     """
 
     enabled: bool = False

@@ -180,10 +180,14 @@ class StepResult:
     its own when it reaches ``max_output_tokens``. ``duration_s`` is the step's time on
     the device, transfer waits included. ``compute_s`` is each model's forward pass
     without waits for weights (what remapping measures T_compute by), where the
-    executor knows it.
+    executor knows it. ``copy_s`` is, for each model whose layers were copied
+    host-to-device in the step, the mean time one layer's copy took from when it could
+    start to when it landed, with whatever else crossed the link meanwhile (what
+    remapping measures T_T by), where the executor knows it.
     """
 
     duration_s: float
     emitted: dict[str, int | None] = field(default_factory=dict)
     stopped: set[str] = field(default_factory=set)
     compute_s: dict[str, float] = field(default_factory=dict)
+    copy_s: dict[str, float] = field(default_factory=dict)

@@ -45,12 +45,25 @@ class SlotSchedule:
     views: tuple[LayerWeights, ...]
 
 
+@dataclass(frozen=True)
+class QueuedCopy:
+    """A layer copy queued on a CUDA copy stream: ``begun`` is recorded on the stream
+    just before it, ``done`` once it has landed (what a reader waits on)."""
+
+    begun: torch.cuda.Event
+    done: torch.cuda.Event
+
+    def seconds(self) -> float:
+        """How long it took on the link (read once it has landed)."""
+        return float(self.begun.elapsed_time(self.done)) / 1e3
+
+
 class CopyStream:
     """Host-to-device copies of layers: on a CUDA copy stream, or on the calling thread
     alone on CPU (``copy_on_this_thread``).
 
     ``copy(dst, src)`` queues one copy after the work already queued on the compute
-    stream and returns its event (None on CPU, where it has completed).
+    stream and returns it (None on CPU, where it has completed).
     ``synchronize()`` waits for every queued copy.
     """
 
@@ -60,17 +73,19 @@ class CopyStream:
         if device.type == "cuda":
             self.stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
 
-    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> torch.cuda.Event | None:
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> QueuedCopy | None:
         if self.stream is None:
             copy_on_this_thread(dst, src)
             return None
         # The destination's previous readers are on the compute stream.
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.stream):
+            begun = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            begun.record(self.stream)
             dst.copy_(src, non_blocking=True)
-            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            done = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             done.record(self.stream)
-        return done
+        return QueuedCopy(begun, done)
 
     def synchronize(self) -> None:
         if self.stream is not None:
@@ -117,7 +132,8 @@ class WeightFrames:
             # step (it is read from a slot from now on), or comes back from the KV cache.
             self.frame_of = {layer: f for layer, f in self.frame_of.items() if f != load.frame}
             self.lent.discard(load.frame)
-            self._restoring = copies.copy(self.frames[load.frame], self.host.data[load.layer])
+            queued = copies.copy(self.frames[load.frame], self.host.data[load.layer])
+            self._restoring = None if queued is None else queued.done
             self.frame_of[load.layer] = load.frame
             n += 1
         return n
@@ -154,15 +170,23 @@ class WeightFrames:
 
 @dataclass
 class PassTimes:
-    """What a pass spent: its own span and its waits for weight copies. On CPU they are
-    seconds already; on CUDA, events read once the pass has run."""
+    """What a pass spent: its waits for weight copies (on CPU seconds already; on CUDA,
+    events read once the pass has run), and on CUDA its slot copies."""
 
     t_wait_s: float = 0.0
     waits: list[tuple[torch.cuda.Event, torch.cuda.Event]] = field(default_factory=list)
+    copies: list[QueuedCopy] = field(default_factory=list)
 
     def wait_s(self) -> float:
         waited_ms = sum(float(a.elapsed_time(b)) for a, b in self.waits)
         return self.t_wait_s + waited_ms / 1e3
+
+    def copy_s(self) -> float | None:
+        """The mean time one slot copy took on the link; None without any, and on CPU,
+        where each copy runs alone on the engine's thread and shares nothing: its time
+        there is the profiled T_T plus whatever preempted the thread."""
+        took = [c.seconds() for c in self.copies]
+        return sum(took) / len(took) if took else None
 
 
 class SlotPass:
@@ -174,7 +198,7 @@ class SlotPass:
         self.copies = copies
         self.times = PassTimes()
         self.num_copies = 0
-        self._landed: dict[int, torch.cuda.Event] = {}
+        self._landed: dict[int, QueuedCopy] = {}
         if copies.stream is not None:
             for p in range(min(len(schedule.regions), len(schedule.layers))):
                 self._issue(p)
@@ -187,10 +211,11 @@ class SlotPass:
     def _issue(self, p: int) -> None:
         s = self.schedule
         slot = p % len(s.regions)
-        event = self.copies.copy(s.regions[slot], self.frames.host.data[s.layers[p]])
+        queued = self.copies.copy(s.regions[slot], self.frames.host.data[s.layers[p]])
         self.num_copies += 1
-        if event is not None:
-            self._landed[p] = event
+        if queued is not None:
+            self._landed[p] = queued
+            self.times.copies.append(queued)
 
     def acquire(self, index: int) -> LayerWeights:
         s = self.schedule
@@ -206,7 +231,7 @@ class SlotPass:
             before = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             after = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             before.record(compute)
-            compute.wait_event(self._landed.pop(p))
+            compute.wait_event(self._landed.pop(p).done)
             after.record(compute)
             self.times.waits.append((before, after))
         return s.views[p % len(s.regions)]

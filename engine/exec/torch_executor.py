@@ -182,6 +182,10 @@ class TorchExecutor(Executor):
                 torch.cuda.current_stream(device).synchronize()
                 copies.synchronize()
         result.compute_s = {p.model: p.timer.compute_s() for p in forwarded.passes}
+        for p in forwarded.passes:
+            copy_s = p.timer.copy_s()
+            if copy_s is not None:
+                result.copy_s[p.model] = copy_s
         result.duration_s = time.perf_counter() - forwarded.t_start
         return result
 
@@ -286,8 +290,8 @@ class _Forwarded:
 
 class _PassTimer:
     """A forward pass's compute time: its span less its waits for weight copies (so a
-    stall never makes room for more remapping). On CUDA, events read after the step's
-    synchronization."""
+    stall never makes room for more remapping); and the mean time of its slot copies.
+    On CUDA, events read after the step's synchronization."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -310,6 +314,10 @@ class _PassTimer:
         span = self.start.elapsed_time(self.end) / 1e3 if self.cuda else self.t1 - self.t0
         waits = self.pass_.times.wait_s() if self.pass_ is not None else 0.0
         return max(0.0, span - waits)
+
+    def copy_s(self) -> float | None:
+        """The mean time the pass's slot copies took, None without any."""
+        return None if self.pass_ is None else self.pass_.times.copy_s()
 
 
 # JSON has no -inf: a token the model rules out reports this instead (as vLLM does).

@@ -24,7 +24,7 @@ from shunter.engine.plan import SlotStream, StepPlan, StepResult
 from shunter.engine.remap.controller import ModelState, Pressure, RemapController
 from shunter.engine.remap.frames import WeightMap, transition
 from shunter.engine.remap.layers import select
-from shunter.engine.remap.timing import ComputeTimes, LayerTiming
+from shunter.engine.remap.timing import LayerTiming, MeasuredTimings
 
 
 class Remapper:
@@ -43,7 +43,7 @@ class Remapper:
         self.memory = memory
         headroom = int(config.remap.headroom_fraction * memory.arena.total_bytes)
         self.controller = RemapController(config.remap, headroom=headroom)
-        self.times = ComputeTimes(dict(timings), config.remap.ewma_weight)
+        self.times = MeasuredTimings(dict(timings), config.remap.ewma_weight)
         self.num_layers = {m.name: m.num_layers for m in config.models}
         self.priority = {m: t.priority for m, t in config.tenant_by_model.items()}
         self.maps = {m.name: WeightMap.initial(m.num_layers) for m in config.models}
@@ -180,7 +180,10 @@ class Remapper:
                 plan.streams[model] = SlotStream(wmap.layout.streamed, wmap.slots)
 
     def observe(self, plan: StepPlan, result: StepResult) -> None:
-        """Fold each model's measured forward pass into its T_compute estimates."""
+        """Fold each model's measured forward pass into its T_compute estimates, and its
+        layer copies into its T_T."""
         prefilling = {e.model for e in plan.batch if e.is_prefill}
         for model, seconds in result.compute_s.items():
             self.times.observe(model, seconds, prefill=model in prefilling)
+        for model, seconds in result.copy_s.items():
+            self.times.observe_copy(model, seconds)

@@ -1,10 +1,12 @@
 """T_T and T_compute per model: what bounds how many layers can be remapped (§5.3).
 
-T_T, the time to copy one layer host-to-device, depends only on the layer's size and
-the link, so it is profiled once. T_compute changes with the batch: for an active model
-it is the time of a decode step, for an inactive one the time of a prefill (what it runs
-first when it becomes active). Both start from a prior and follow the forward passes the
-executor reports, as exponentially weighted averages.
+T_T, the time to copy one layer host-to-device, depends on the layer's size and the
+link, and on what else crosses the link meanwhile: KV swap-ins share it, so a layer
+copies more slowly while rotation is busy. T_compute changes with the batch: for an
+active model it is the time of a decode step, for an inactive one the time of a prefill
+(what it runs first when it becomes active). All start from a prior (T_T profiled alone
+on the link) and follow the copies and forward passes the executor reports, as
+exponentially weighted averages.
 """
 
 from __future__ import annotations
@@ -26,13 +28,14 @@ class LayerTiming:
             raise ValueError(f"timings must be positive: {self}")
 
 
-class ComputeTimes:
-    """Measured forward times per model, starting at ``priors``.
+class MeasuredTimings:
+    """Measured layer copy and forward times per model, starting at ``priors``.
 
     ``observe(model, seconds, prefill)`` folds one forward pass in with weight
     ``weight``: passes with prefill tokens update the prefill estimate, the others the
     decode estimate. ``seconds`` must be compute only, without waits for weights: a
-    stall must not make room for more remapping.
+    stall must not make room for more remapping. ``observe_copy(model, seconds)`` folds
+    in the mean time a layer's copy took in a step, the same way.
     """
 
     def __init__(self, priors: dict[str, LayerTiming], weight: float = 0.2) -> None:
@@ -63,3 +66,9 @@ class ComputeTimes:
             self._t[model] = LayerTiming(
                 t.t_transfer, (1 - w) * t.t_decode + w * seconds, t.t_prefill
             )
+
+    def observe_copy(self, model: str, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        t, w = self._t[model], self.weight
+        self._t[model] = LayerTiming((1 - w) * t.t_transfer + w * seconds, t.t_decode, t.t_prefill)

@@ -103,19 +103,24 @@ class SimulatedExecutor(Executor):
         moved = sum(len(moves) * self._block_bytes[m] for m, moves in plan.moves.items())
         end = start
         compute_s: dict[str, float] = {}
+        copy_s: dict[str, float] = {}
         if work or moved:
             switch = 0.0 if self._switches is None else self._switches.charge(work)
             self.totals.switch_s += switch
             end += self._step_overhead_s + 2 * moved / self._hbm_bw + switch
             for model, seqs in work.items():
                 compute_s[model] = self._costs[model].forward_time(seqs, sampled[model])
-                end = self._forward(plan, model, end, seqs, sampled[model], compute_s[model])
+                end = self._forward(
+                    plan, model, end, seqs, sampled[model], compute_s[model], copy_s
+                )
         self._clock.advance_to(end)
         self.totals.steps += 1
         self.totals.tokens += plan.num_batch_tokens
         self.totals.busy_s += end - start
         self.totals.stall_s += start - t_called
-        return StepResult(duration_s=end - t_called, emitted=emitted, compute_s=compute_s)
+        return StepResult(
+            duration_s=end - t_called, emitted=emitted, compute_s=compute_s, copy_s=copy_s
+        )
 
     def _forward(
         self,
@@ -125,9 +130,11 @@ class SimulatedExecutor(Executor):
         seqs: list[SeqWork],
         num_sampled: int,
         compute_s: float,
+        copy_s: dict[str, float],
     ) -> float:
         """When ``model``'s pass, started at ``start``, ends: its compute, plus waits for
-        weights that are neither resident nor copied in time."""
+        weights that are neither resident nor copied in time. Puts the mean time its
+        layer copies took in ``copy_s``."""
         if self._weights is None:
             return start + compute_s
         cost = self._costs[model]
@@ -146,4 +153,6 @@ class SimulatedExecutor(Executor):
         self.totals.weight_stall_s += timing.stall_s
         self.totals.num_weight_stalls += timing.num_stalls
         self.totals.weight_bytes += timing.copied_bytes
+        if timing.copy_s is not None:
+            copy_s[model] = timing.copy_s
         return timing.end

@@ -21,13 +21,15 @@ _LANDED_EPS_S = 1e-12  # what floating-point rounding leaves of a copy that has 
 @dataclass(eq=False)
 class LinkCopy:
     """One copy on the host-to-device link: issued on ``stream``, not to start before
-    ``not_before``, taking ``duration_s`` on the link alone. ``landed`` is set once the
-    link has settled past its landing (``HostToDeviceLink.landed`` projects it before)."""
+    ``not_before``, taking ``duration_s`` on the link alone. ``started`` (the first copy
+    of its stream, free to start) and ``landed`` are set once the link has settled past
+    them (``HostToDeviceLink.landed`` and ``took`` project them before)."""
 
     stream: str
     not_before: float
     duration_s: float
     remaining_s: float = field(init=False)
+    started: float | None = None
     landed: float | None = None
 
     def __post_init__(self) -> None:
@@ -42,11 +44,17 @@ def _run_link(queues: Mapping[str, deque[LinkCopy]], t: float, until: float) -> 
     while True:
         for queue in queues.values():
             while queue and queue[0].not_before <= t and queue[0].remaining_s <= _LANDED_EPS_S:
-                queue.popleft().landed = t
+                copy = queue.popleft()
+                copy.landed = t
+                if copy.started is None:  # nothing to copy: it started as it landed
+                    copy.started = t
         heads = [queue[0] for queue in queues.values() if queue]
         if not heads:
             return t if until == math.inf else max(t, until)
         active = [c for c in heads if c.not_before <= t]
+        for c in active:
+            if c.started is None:
+                c.started = t
         waiting = [c.not_before for c in heads if c.not_before > t]
         share = len(active)
         first = min(active, key=lambda c: c.remaining_s) if active else None
@@ -80,7 +88,7 @@ class HostToDeviceLink:
     def __init__(self) -> None:
         self._queues: dict[str, deque[LinkCopy]] = {}
         self._t = 0.0  # settled up to here
-        self._projected: dict[LinkCopy, float] | None = None
+        self._projected: dict[LinkCopy, LinkCopy] | None = None  # copy -> run ahead
         self.busy_s = 0.0  # the copies' time on the link alone, summed
 
     def issue(self, stream: str, not_before: float, duration_s: float) -> LinkCopy:
@@ -99,21 +107,34 @@ class HostToDeviceLink:
             self._t = _run_link(self._queues, self._t, now)
             self._projected = None
 
-    def landed(self, copy: LinkCopy) -> float:
-        """When ``copy`` lands: final once settled, else projected from the copies
-        issued so far."""
+    def _run_ahead(self, copy: LinkCopy) -> LinkCopy:
+        """``copy`` itself once it has landed, else a copy of it run to its landing from
+        the copies issued so far."""
         if copy.landed is not None:
-            return copy.landed
+            return copy
         if self._projected is None:
             clones = {c: dataclasses.replace(c) for q in self._queues.values() for c in q}
             for original, clone in clones.items():
                 clone.remaining_s = original.remaining_s
             queues = {s: deque(clones[c] for c in q) for s, q in self._queues.items()}
             _run_link(queues, self._t, math.inf)
-            self._projected = {
-                c: math.inf if clone.landed is None else clone.landed for c, clone in clones.items()
-            }
+            self._projected = clones
         return self._projected[copy]
+
+    def landed(self, copy: LinkCopy) -> float:
+        """When ``copy`` lands: final once settled, else projected from the copies
+        issued so far."""
+        landed = self._run_ahead(copy).landed
+        return math.inf if landed is None else landed
+
+    def took(self, copy: LinkCopy) -> float:
+        """How long ``copy`` took on the link, from when its stream was free for it and
+        it could start to its landing (longer than ``duration_s`` while it shared the
+        link); projected like ``landed``."""
+        ran = self._run_ahead(copy)
+        if ran.landed is None or ran.started is None:
+            return math.inf
+        return ran.landed - ran.started
 
 
 @dataclass

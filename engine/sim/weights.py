@@ -30,12 +30,15 @@ from shunter.engine.sim.transfers import WEIGHT_STREAM, HostToDeviceLink, LinkCo
 @dataclass(frozen=True)
 class PassTiming:
     """One forward pass: ``end`` time, ``stall_s`` spent waiting for weights,
-    ``num_stalls`` layers that waited, ``copied_bytes`` of weights issued during it."""
+    ``num_stalls`` layers that waited, ``copied_bytes`` of weights issued during it,
+    ``copy_s`` the mean time the layer copies it waited for took on the link (None
+    without any; ``HostToDeviceLink.took``)."""
 
     end: float
     stall_s: float
     num_stalls: int
     copied_bytes: int
+    copy_s: float | None = None
 
 
 @dataclass
@@ -101,6 +104,7 @@ class WeightStreams:
         loads, pipe.loads = pipe.loads, {}
         position_of = {layer: i for i, layer in enumerate(streamed)}
         t, done, stall, num_stalls = start, 0, 0.0, 0
+        took: list[float] = []
         for layer in sorted({*loads, *streamed}):
             t += (layer - done) * t_layer  # the layers before it, all resident
             position = position_of.get(layer)
@@ -116,6 +120,7 @@ class WeightStreams:
             # Nothing issued from here on starts before this pass's layers, so what the
             # link projects for this copy now is when it lands.
             landed = self.link.landed(copy)
+            took.append(self.link.took(copy))
             if landed > t:
                 stall += landed - t
                 num_stalls += 1
@@ -128,4 +133,5 @@ class WeightStreams:
         for position in range(min(num_slots, len(streamed))):
             pipe.ahead[position] = self._copy(model, pipe.slot_free[position])
             copied += layer_bytes
-        return PassTiming(end, stall, num_stalls, copied)
+        copy_s = sum(took) / len(took) if took else None
+        return PassTiming(end, stall, num_stalls, copied, copy_s)

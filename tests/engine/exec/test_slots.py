@@ -229,3 +229,11 @@ def test_streamed_copies_overlap_compute_on_cuda() -> None:
     # Only the first copy has nothing to hide behind: serially the pass would take
     # three copies more than the resident one.
     assert t_streamed < t_resident + 1.5 * t_copy, (t_streamed, t_resident, t_copy)
+    # Each copy's time on the link, read from its events: about one copy alone.
+    source = frames.begin(frames.schedule(streamed), copies)
+    for i in range(n):
+        source.acquire(i)
+        source.release(i)
+    torch.cuda.synchronize()
+    copy_s = source.times.copy_s()
+    assert copy_s is not None and 0.5 * t_copy < copy_s < 3 * t_copy, (copy_s, t_copy)

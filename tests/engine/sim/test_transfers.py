@@ -25,6 +25,19 @@ def test_busy_streams_share_the_link_evenly() -> None:
     assert link.landed(kv) == pytest.approx(4.0)
 
 
+def test_a_copy_takes_longer_on_the_link_while_it_shares_it() -> None:
+    link = HostToDeviceLink()
+    kv, layer = link.issue(KV_STREAM, 0.0, 3.0), link.issue(WEIGHT_STREAM, 0.0, 1.0)
+    after = link.issue(WEIGHT_STREAM, 0.0, 1.0)  # starts once the layer before it landed
+    assert link.took(layer) == pytest.approx(2.0)  # 1 s of copying at half the link
+    assert link.took(after) == pytest.approx(2.0)  # 2 to 4, the swap-in still under way
+    assert link.took(kv) == pytest.approx(5.0)  # 2 s of it shared, then 1 s alone
+    link.settle(10.0)
+    assert (after.started, after.landed) == pytest.approx((2.0, 4.0))
+    alone = link.issue(WEIGHT_STREAM, 10.0, 1.0)
+    assert link.took(alone) == pytest.approx(1.0)
+
+
 def test_a_later_copy_on_another_stream_slows_one_not_yet_landed() -> None:
     link = HostToDeviceLink()
     kv = link.issue(KV_STREAM, 0.0, 2.0)

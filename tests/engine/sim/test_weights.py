@@ -118,6 +118,7 @@ def test_weight_copies_share_the_link_with_kv_swap_ins() -> None:
     # From 0.5 each moves at half the link: the layer's 1 s of copying lands at 2.5 (not
     # at 1.5 as alone, nor at 3 behind the whole swap-in), the swap-in at 3.
     assert timing.stall_s == pytest.approx(2.5)
+    assert timing.copy_s == pytest.approx(2.0)  # what the remapper's T_T then follows
     assert link.landed(swap_in) == pytest.approx(3.0) and link.busy_s == pytest.approx(3.0)
 
 
