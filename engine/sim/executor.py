@@ -110,9 +110,9 @@ class SimulatedExecutor(Executor):
             end += self._step_overhead_s + 2 * moved / self._hbm_bw + switch
             for model, seqs in work.items():
                 compute_s[model] = self._costs[model].forward_time(seqs, sampled[model])
-                end = self._forward(
-                    plan, model, end, seqs, sampled[model], compute_s[model], copy_s
-                )
+                end, took = self._forward(plan, model, end, seqs, sampled[model], compute_s[model])
+                if took is not None:
+                    copy_s[model] = took
         self._clock.advance_to(end)
         self.totals.steps += 1
         self.totals.tokens += plan.num_batch_tokens
@@ -130,13 +130,12 @@ class SimulatedExecutor(Executor):
         seqs: list[SeqWork],
         num_sampled: int,
         compute_s: float,
-        copy_s: dict[str, float],
-    ) -> float:
-        """When ``model``'s pass, started at ``start``, ends: its compute, plus waits for
-        weights that are neither resident nor copied in time. Puts the mean time its
-        layer copies took in ``copy_s``."""
+    ) -> tuple[float, float | None]:
+        """When ``model``'s pass, started at ``start``, ends (its compute, plus waits
+        for weights that are neither resident nor copied in time), and the mean time its
+        layer copies took on the link (None without any)."""
         if self._weights is None:
-            return start + compute_s
+            return start + compute_s, None
         cost = self._costs[model]
         head = cost.head_time(num_sampled)
         num_layers = cost.model.num_layers
@@ -153,6 +152,4 @@ class SimulatedExecutor(Executor):
         self.totals.weight_stall_s += timing.stall_s
         self.totals.num_weight_stalls += timing.num_stalls
         self.totals.weight_bytes += timing.copied_bytes
-        if timing.copy_s is not None:
-            copy_s[model] = timing.copy_s
-        return timing.end
+        return timing.end, timing.copy_s
