@@ -31,8 +31,8 @@ from shunter.engine.sim.transfers import WEIGHT_STREAM, HostToDeviceLink, LinkCo
 class PassTiming:
     """One forward pass: ``end`` time, ``stall_s`` spent waiting for weights,
     ``num_stalls`` layers that waited, ``copied_bytes`` of weights issued during it,
-    ``copy_s`` the mean time the layer copies it waited for took on the link (None
-    without any; ``HostToDeviceLink.took``)."""
+    ``copy_s`` the mean time its slot copies took on the link (None without any;
+    ``HostToDeviceLink.took``), as the torch executor reports its own."""
 
     end: float
     stall_s: float
@@ -120,7 +120,8 @@ class WeightStreams:
             # Nothing issued from here on starts before this pass's layers, so what the
             # link projects for this copy now is when it lands.
             landed = self.link.landed(copy)
-            took.append(self.link.took(copy))
+            if position is not None:
+                took.append(self.link.took(copy))
             if landed > t:
                 stall += landed - t
                 num_stalls += 1

@@ -118,8 +118,20 @@ def test_weight_copies_share_the_link_with_kv_swap_ins() -> None:
     # From 0.5 each moves at half the link: the layer's 1 s of copying lands at 2.5 (not
     # at 1.5 as alone, nor at 3 behind the whole swap-in), the swap-in at 3.
     assert timing.stall_s == pytest.approx(2.5)
-    assert timing.copy_s == pytest.approx(2.0)  # what the remapper's T_T then follows
+    assert timing.copy_s is None  # a restored layer's load is not a slot copy
     assert link.landed(swap_in) == pytest.approx(3.0) and link.busy_s == pytest.approx(3.0)
+
+
+def test_a_pass_reports_how_long_its_slot_copies_took_on_a_shared_link() -> None:
+    link = HostToDeviceLink()
+    link.issue(KV_STREAM, 0.0, 2.0)
+    streams = WeightStreams({"m": 1.0}, {"m": 1000}, link=link)
+    timing = streams.run_pass(
+        "m", 0.5, num_layers=2, t_layer=0.1, t_head=0.0, streamed=(0,), num_slots=1
+    )
+    # Its one slot copy, issued at 0.5 beside the swap-in, took 2 s for 1 s of copying:
+    # what the remapper's T_T then follows.
+    assert timing.copy_s == pytest.approx(2.0) and timing.stall_s == pytest.approx(2.0)
 
 
 def test_a_combined_run_never_moves_more_than_the_link_carries() -> None:
