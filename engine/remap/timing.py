@@ -11,6 +11,7 @@ exponentially weighted averages.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 
@@ -55,20 +56,15 @@ class MeasuredTimings:
         del self._t[model]
 
     def observe(self, model: str, seconds: float, *, prefill: bool) -> None:
-        if seconds <= 0:
-            return
-        t, w = self._t[model], self.weight
-        if prefill:
-            self._t[model] = LayerTiming(
-                t.t_transfer, t.t_decode, (1 - w) * t.t_prefill + w * seconds
-            )
-        else:
-            self._t[model] = LayerTiming(
-                t.t_transfer, (1 - w) * t.t_decode + w * seconds, t.t_prefill
-            )
+        self._fold(model, "t_prefill" if prefill else "t_decode", seconds)
 
     def observe_copy(self, model: str, seconds: float) -> None:
+        self._fold(model, "t_transfer", seconds)
+
+    def _fold(self, model: str, name: str, seconds: float) -> None:
+        """Move ``model``'s estimate ``name`` toward ``seconds`` by the weight."""
         if seconds <= 0:
             return
         t, w = self._t[model], self.weight
-        self._t[model] = LayerTiming((1 - w) * t.t_transfer + w * seconds, t.t_decode, t.t_prefill)
+        folded = (1 - w) * getattr(t, name) + w * seconds
+        self._t[model] = dataclasses.replace(t, **{name: folded})

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
+import copy as shallow
 import math
 from collections import deque
 from collections.abc import Mapping
@@ -20,12 +20,11 @@ _LANDED_EPS_S = 1e-12  # what floating-point rounding leaves of a copy that has 
 
 @dataclass(eq=False)
 class LinkCopy:
-    """One copy on the host-to-device link: issued on ``stream``, not to start before
-    ``not_before``, taking ``duration_s`` on the link alone. ``started`` (the first copy
+    """One copy on the host-to-device link, not to start before ``not_before``, taking
+    ``duration_s`` on the link alone. ``started`` (the first copy
     of its stream, free to start) and ``landed`` are set once the link has settled past
     them (``HostToDeviceLink.landed`` and ``took`` project them before)."""
 
-    stream: str
     not_before: float
     duration_s: float
     remaining_s: float = field(init=False)
@@ -94,7 +93,7 @@ class HostToDeviceLink:
     def issue(self, stream: str, not_before: float, duration_s: float) -> LinkCopy:
         """Queue a copy of ``duration_s`` (on the link alone) on ``stream``, to start at
         ``not_before`` or later (never before where the link has settled)."""
-        copy = LinkCopy(stream, max(not_before, self._t), duration_s)
+        copy = LinkCopy(max(not_before, self._t), duration_s)
         self._queues.setdefault(stream, deque()).append(copy)
         self._projected = None
         self.busy_s += duration_s
@@ -113,9 +112,7 @@ class HostToDeviceLink:
         if copy.landed is not None:
             return copy
         if self._projected is None:
-            clones = {c: dataclasses.replace(c) for q in self._queues.values() for c in q}
-            for original, clone in clones.items():
-                clone.remaining_s = original.remaining_s
+            clones = {c: shallow.copy(c) for q in self._queues.values() for c in q}
             queues = {s: deque(clones[c] for c in q) for s, q in self._queues.items()}
             _run_link(queues, self._t, math.inf)
             self._projected = clones
@@ -187,7 +184,10 @@ class SimulatedTransfers(Transfers):
         return CopyBatch(groups)
 
     def _done(self, d2h_done: float, h2d: LinkCopy | None) -> float:
-        return d2h_done if h2d is None else max(d2h_done, self.link.landed(h2d))
+        """When a step's batches complete, as projected now: not before the steps
+        already reported."""
+        landed = d2h_done if h2d is None else self.link.landed(h2d)
+        return max(self._last_done, d2h_done, landed)
 
     def _free_at(self) -> float:
         """When the batches submitted so far complete, as projected now."""
@@ -215,7 +215,7 @@ class SimulatedTransfers(Transfers):
         done: list[int] = []
         while self._pending:
             d2h_done, h2d, step = self._pending[0]
-            end = max(self._last_done, self._done(d2h_done, h2d))
+            end = self._done(d2h_done, h2d)
             if end > now:
                 break
             self._pending.popleft()
@@ -233,4 +233,4 @@ class SimulatedTransfers(Transfers):
         if not self._pending:
             return None
         d2h_done, h2d, _ = self._pending[0]
-        return max(self._last_done, self._done(d2h_done, h2d))
+        return self._done(d2h_done, h2d)
