@@ -22,6 +22,7 @@ from shunter.gateway.routes import load_routes
 from shunter.gateway.upstream import HEALTH_PROBE_S, first_byte_s
 from shunter.platform import services, tasks
 from shunter.platform.models import ROUTES_CACHE_S, Deployment, Model, Node
+from shunter.platform.services import changes
 from shunter.tenants.models import RequestRecord
 from tests.conftest import free_port
 from tests.gateway.conftest import (
@@ -37,6 +38,11 @@ from tests.gateway.conftest import (
 from tests.waiting import wait_for
 
 pytestmark = [DB, pytest.mark.slow]
+
+# How long a change of a node's deployments takes in the rolling test, and the most a
+# loaded gateway takes from a request's arrival to choosing its replica.
+CHANGE_S = 2.0
+ROUTE_LAG_S = 0.5
 
 
 def served_by(setup: LlamaSetup, secret: str, rid: str, **body: object) -> int:
@@ -140,7 +146,8 @@ def test_a_deployment_change_on_one_node_under_load_fails_no_request(
         _, secret = world.key(world.tenant(first, second))
         setup = LlamaSetup(world, first)
         statuses: list[int] = []
-        cordon: list[tuple[float, str]] = []  # (time, the node's cordon) as it changes
+        # The node's cordon as the watcher read it: (just before the read, just after, it).
+        reads: list[tuple[float, float, str]] = []
         stop = threading.Event()
 
         def load(worker: int) -> None:
@@ -151,12 +158,10 @@ def test_a_deployment_change_on_one_node_under_load_fails_no_request(
                 n += 1
 
         def watch() -> None:
-            last = None
             while not stop.is_set():
+                before = time.time()
                 now = Node.objects.get(pk=nodes[0].pk).cordon
-                if now != last:
-                    cordon.append((time.time(), now))
-                    last = now
+                reads.append((before, time.time(), now))
                 time.sleep(0.02)
             connection.close()
 
@@ -164,11 +169,20 @@ def test_a_deployment_change_on_one_node_under_load_fails_no_request(
         threads.append(threading.Thread(target=watch))
         for t in threads:
             t.start()
+        # The change takes a while, as reloading a real model does, so that the node is
+        # out of rotation long enough for the load to show where it goes meanwhile.
+        healthy_after_change = changes._healthy_after_change
+
+        def slow_change(node: Node) -> bool:
+            time.sleep(CHANGE_S)
+            return healthy_after_change(node)
+
+        monkeypatch.setattr(changes, "_healthy_after_change", slow_change)
         try:
             time.sleep(2)
             services.deployment_update(deployment=first, priority=3)
             [changed] = services.node_roll_out(node_ids=[nodes[0].pk])
-            time.sleep(3)  # back in rotation: it takes requests again
+            time.sleep(4)  # back in rotation: it takes requests again
         finally:
             stop.set()
             for t in threads:
@@ -179,18 +193,24 @@ def test_a_deployment_change_on_one_node_under_load_fails_no_request(
         state = services.engine_client(nodes[0]).state()
         assert state["models"]["llama"]["priority"] == 3
         assert statuses and set(statuses) == {200}, statuses
-        # Out of rotation (once the gateway read its table again) it took no request.
-        [(cordoned_at, why), (lifted_at, back)] = cordon[1:]
-        assert (why, back) == (Node.Cordon.ROLLOUT, Node.Cordon.NONE)
-        out = (cordoned_at + services.ROUTES_SETTLE_S, lifted_at)
+        # Out of rotation (once the gateway read its table again) it took no request. The
+        # cordon was set before the end of the first read that saw it and lifted after the
+        # start of the last; a request is stamped on arrival at the gateway, which routes
+        # it up to ROUTE_LAG_S later.
+        cordoned = [(before, after) for before, after, now in reads if now != Node.Cordon.NONE]
+        assert cordoned and {now for *_, now in reads} == {Node.Cordon.NONE, Node.Cordon.ROLLOUT}
+        out = (cordoned[0][1] + services.ROUTES_SETTLE_S, cordoned[-1][0] - ROUTE_LAG_S)
+        assert out[1] - out[0] > CHANGE_S / 2, (out, cordoned[0], cordoned[-1])
         records = RequestRecord.objects.filter(request_id__startswith="roll-")
         wait_for(lambda: records.count() == len(statuses), 30, "the records of the load")
-        arrivals = [
-            r.t_arrival.timestamp()
-            for r in RequestRecord.objects.filter(deployment=first, request_id__startswith="roll-")
-        ]
-        assert not [t for t in arrivals if out[0] < t < out[1]], (out, arrivals)
-        assert [t for t in arrivals if t > lifted_at + 0.5 + ROUTES_CACHE_S]  # back in rotation
+
+        def arrivals(deployment: Deployment) -> list[float]:
+            return [r.t_arrival.timestamp() for r in records.filter(deployment=deployment)]
+
+        assert not [t for t in arrivals(first) if out[0] < t < out[1]], (out, arrivals(first))
+        assert [t for t in arrivals(second) if out[0] < t < out[1]]  # the other one served
+        lifted_at = cordoned[-1][1]
+        assert [t for t in arrivals(first) if t > lifted_at + ROUTE_LAG_S + ROUTES_CACHE_S]
     finally:
         for e in engines:
             e.stop()
