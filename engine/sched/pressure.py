@@ -50,7 +50,6 @@ class KvBytes:
             claims=claims,
             kept={m: kept[m] for m in executing},
             shared_pages=max(0, memory.free_page_bytes - sum(kept.values())),
-            free_pages=memory.free_page_bytes,
             spare={m: memory.spare_bytes(m) for m in executing},
             movable=frozenset(m for m in self.queues if memory.above_floor(m)),
         )

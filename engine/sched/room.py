@@ -43,9 +43,7 @@ class Room:
     the free pages each may claim now (its ceiling and the others' floors allowing);
     ``kept``: the free pages each one's floor keeps for it alone (the part of its floor it
     does not hold), and ``shared_pages`` the free pages no floor keeps, which the claims
-    draw on once a model's own are spent; ``free_pages``: all the free pages (None: no
-    bound beyond those), fewer than the kept ones when a model beyond its floor holds
-    part of the others' (``bounds``); ``spare``: the part of ``held`` beyond the
+    draw on once a model's own are spent; ``spare``: the part of ``held`` beyond the
     model's floor, which any pool may be given; ``movable``: the models beyond their
     floor, whose preempted requests make room for any pool. ``by_model`` False: one pool
     for every request (``one``).
@@ -55,7 +53,6 @@ class Room:
     claims: Mapping[str, int] = field(default_factory=dict)
     kept: Mapping[str, int] = field(default_factory=dict)
     shared_pages: int = 0
-    free_pages: int | None = None
     spare: Mapping[str, int] = field(default_factory=dict)
     movable: frozenset[str] = frozenset()
     by_model: bool = True
@@ -90,7 +87,6 @@ class Ledger:
         self._spare = sum(room.spare.values())
         self._kept = dict(room.kept)
         self._shared = room.shared_pages
-        self._pages = room.free_pages
         self._claimed: dict[str, int] = {}
 
     def available(self, pool: str) -> int:
@@ -112,13 +108,9 @@ class Ledger:
             self._kept[pool] = self._kept.get(pool, 0) - kept
             self._shared -= pages - kept
             self._claimed[pool] = self._claimed.get(pool, 0) + pages
-            if self._pages is not None:
-                self._pages -= pages
 
     def _claim(self, pool: str) -> int:
         limit = self.room.claims.get(pool, 0) - self._claimed.get(pool, 0)
-        if self._pages is not None:
-            limit = min(limit, self._pages)
         return max(0, min(limit, self._kept.get(pool, 0) + self._shared))
 
     def any_available(self) -> bool:

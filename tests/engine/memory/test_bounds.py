@@ -25,13 +25,6 @@ def test_room_keeps_the_others_floors_and_its_own_ceiling() -> None:
     assert bounds.room("a", held, free=1000) == 1000  # b holds more than its floor
     assert bounds.room("b", held, free=1000) == 50  # its ceiling
     assert bounds.room("c", held, free=100) == 0
-    # Free pages fewer than the floors lack (c holds part of them): a and b may each
-    # still take what they lack of their own, c nothing.
-    overcommitted = {"a": 100, "b": 0, "c": 2000}
-    assert bounds.room("a", overcommitted, free=150) == 150
-    assert bounds.room("a", overcommitted, free=250) == 200
-    assert bounds.room("b", overcommitted, free=150) == 150
-    assert bounds.room("c", overcommitted, free=150) == 0
     assert KvBounds([TenantSpec("x")]).unbounded
 
 
@@ -75,23 +68,3 @@ def test_spare_memory_is_what_a_model_holds_free_beyond_its_floor() -> None:
     assert memory.num_held_free_blocks("tiny") == 6
     assert memory.spare_bytes("tiny") == 2 * block  # the 4 of its floor stay its own
     assert memory.spare_bytes("other") == 0  # holds nothing
-
-
-def test_a_model_short_of_its_floor_claims_free_pages_the_others_floors_also_lack() -> None:
-    """A model that holds beyond its floor can hold part of the others' floors (it grew
-    into lent layers' pages, which were then loaded back; here, floors set later). The
-    free pages left are fewer than the two floors lack: each model may still claim what
-    it lacks of its own, so a model with work is not held to nothing by an idle model's
-    floor."""
-    block = TINY.block_bytes(4)  # one block per page in tiny_config
-    third = dataclasses.replace(TINY, name="third")
-    config = tiny_config(kv_blocks=10, models=(TINY, OTHER, third))
-    memory = KVMemory(config)
-    memory.allocate(request("r", 32, 4, model="third"))  # 8 blocks
-    tenants = [TenantSpec("tiny", kv_floor=3 * block), TenantSpec("other", kv_floor=3 * block)]
-    memory.set_bounds(KvBounds([*tenants, TenantSpec("third")]))
-    assert memory.free_page_bytes == 2 * block
-    assert memory.num_free_blocks("tiny") == 2 and memory.num_free_blocks("other") == 2
-    assert memory.num_free_blocks("third") == 0  # beyond its (absent) floor
-    memory.allocate(request("t", 8, 4, model="tiny"))
-    assert memory.num_free_blocks("other") == 0

@@ -35,11 +35,3 @@ def test_the_ledger_shares_the_free_pages_and_the_spare_memory_among_the_pools()
     spare.take("b", 2)  # its own block first, then a spare one
     assert (spare.available("a"), spare.available("b")) == (1, 1)
     assert Room.one(3).ledger().fits_all([a, b], [2, 1])  # one pool: a sum
-    # Fewer free pages (4) than the floors keep (3 each): each takes up to its own
-    # floor's part, and never more than the free pages between them.
-    short = Room(
-        held={"a": 0, "b": 0}, claims={"a": 3, "b": 3}, kept={"a": 3, "b": 3}, free_pages=4
-    ).ledger()
-    assert (short.available("a"), short.available("b")) == (3, 3)
-    short.take("a", 3)
-    assert (short.available("a"), short.available("b")) == (0, 1)
