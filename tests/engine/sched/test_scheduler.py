@@ -544,3 +544,32 @@ def test_lvf_plus_passive_preemption_swaps_out_a_request_behind_its_slo() -> Non
     while not core.is_idle():
         core.step()
     assert old.num_output_tokens == 8 and new.num_output_tokens == 8
+
+
+def test_a_temporal_model_below_its_floor_gets_memory_back_while_it_waits_for_its_turn() -> None:
+    """The holder gives back what a waiting model below its KV floor lacks in the steps
+    it runs, not only in the steps the waiting model holds the turn: the memory is there
+    when its turn comes."""
+    block = TINY.block_bytes(4)  # one block per page in tiny_config
+    temporal = (TenantSpec("tiny", sharing="temporal"), TenantSpec("other", sharing="temporal"))
+    config = tiny_config(kv_blocks=8, models=(TINY, OTHER), tenants=temporal, policy="fcfs")
+    core, _ = make_core(config)
+    for r in [request(f"a{i}", 12, 2, model="other") for i in range(2)]:  # all 8 blocks
+        core.add_request(r)
+    while not core.is_idle():
+        core.step()
+    memory, tenancy = core.memory, core.scheduler.tenancy
+    assert memory.num_held_free_blocks("other") == 8 and memory.num_free_blocks("tiny") == 0
+    core.add_request(request("long", 3, 10, model="other"))  # the holder, one block
+    core.step()
+    assert tenancy.holder == "other"
+    floors = (dataclasses.replace(temporal[0], kv_floor=4 * block), temporal[1])
+    core.scheduler.set_tenants(floors)
+    four = request("four", 14, 2)  # 4 blocks of tiny's floor, all held by "other"
+    core.add_request(four)
+    core.step()
+    assert tenancy.holder == "other" and four.state is RequestState.WAITING
+    assert memory.num_free_blocks("tiny") >= 4  # given back while "other" held the turn
+    while not core.is_idle():
+        core.step()
+    assert four.num_output_tokens == 2
