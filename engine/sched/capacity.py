@@ -65,9 +65,12 @@ class Capacity:
         keeps them); without a floor they would not, and the holder would claim them
         again, so a model without one is counted only when it executes.
         """
-        memory = self.memory
-        owed = [m for m in self.queues if m not in executing and self.queues[m]]
-        for m in [*executing, *(m for m in owed if memory.unheld_floor_bytes(m))]:
+        owed = [
+            m
+            for m, q in self.queues.items()
+            if q and m not in executing and self.memory.unheld_floor_bytes(m)
+        ]
+        for m in [*executing, *owed]:
             if m not in short:
                 lack = self.starved(m)
                 if lack:

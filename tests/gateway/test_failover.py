@@ -197,10 +197,11 @@ def test_a_deployment_change_on_one_node_under_load_fails_no_request(
         # cordon was set before the end of the first read that saw it and lifted after the
         # start of the last; a request is stamped on arrival at the gateway, which routes
         # it up to ROUTE_LAG_S later.
-        cordoned = [(before, after) for before, after, now in reads if now != Node.Cordon.NONE]
+        cordoned = [i for i, (*_, now) in enumerate(reads) if now != Node.Cordon.NONE]
         assert cordoned and {now for *_, now in reads} == {Node.Cordon.NONE, Node.Cordon.ROLLOUT}
-        out = (cordoned[0][1] + services.ROUTES_SETTLE_S, cordoned[-1][0] - ROUTE_LAG_S)
-        assert out[1] - out[0] > CHANGE_S / 2, (out, cordoned[0], cordoned[-1])
+        first_read, last_read = reads[cordoned[0]], reads[cordoned[-1]]
+        out = (first_read[1] + services.ROUTES_SETTLE_S, last_read[0] - ROUTE_LAG_S)
+        assert out[1] - out[0] > CHANGE_S / 2, (out, first_read, last_read)
         records = RequestRecord.objects.filter(request_id__startswith="roll-")
         wait_for(lambda: records.count() == len(statuses), 30, "the records of the load")
 
@@ -209,7 +210,8 @@ def test_a_deployment_change_on_one_node_under_load_fails_no_request(
 
         assert not [t for t in arrivals(first) if out[0] < t < out[1]], (out, arrivals(first))
         assert [t for t in arrivals(second) if out[0] < t < out[1]]  # the other one served
-        lifted_at = cordoned[-1][1]
+        # Back in rotation: lifted before the end of the first read that saw it lifted.
+        lifted_at = reads[cordoned[-1] + 1][1]
         assert [t for t in arrivals(first) if t > lifted_at + ROUTE_LAG_S + ROUTES_CACHE_S]
     finally:
         for e in engines:

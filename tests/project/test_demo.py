@@ -291,10 +291,10 @@ def test_a_burst_on_the_demos_engine_rotates_kv_and_borrows_the_idle_models_laye
     # once at start (the fastest of five host copies of a layer): should a loaded CPU
     # still slow every one of them too much to lend any, a start that lent nothing is
     # tried again, at most three in all. Each request needs 46 KV blocks (about 600
-    # prompt tokens and 128 more), the arena has 274 free and at most about 40 more from
-    # lent layers: of eight, all but two fit at once, and where the first ones ran fast
-    # the two took their blocks before they lagged, so nothing needed rotating. Of
-    # sixteen, ten wait.
+    # prompt tokens and 128 more), the arena has 274 free and 24 more from the 4 layers
+    # of 6 pages remapping may lend: of eight, all but two fit at once, and where the
+    # first ones ran fast the two took their blocks before they lagged, so nothing
+    # needed rotating. Of sixteen, ten wait.
     model_dirs = ensure_model_dirs(tmp_path / "models")
     for _ in range(3):
         engine = EngineProcess.start(model_dirs, tmp_path / "engine.log")
