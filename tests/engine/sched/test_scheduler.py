@@ -304,6 +304,26 @@ def test_a_waiting_model_gets_the_turn_within_its_ttft_while_two_others_decode()
     assert core.scheduler.tenancy.num_switches >= 3
 
 
+def test_a_model_whose_requests_are_all_late_gets_the_turn_within_its_ttft() -> None:
+    # "tiny" decodes a long answer with TBT slack to spare, so it always has a request in
+    # time; "other" has one request, late from the start. In-time work goes first, but
+    # not for longer than the late model's TTFT target: then it gets a turn.
+    tenants = tuple(TenantSpec(m, sharing="temporal", slo=SLO) for m in ("tiny", "other"))
+    config = tiny_config(kv_blocks=480, models=(TINY, OTHER), tenants=tenants, turn_quantum_s=0.5)
+    core, _ = make_core(config)
+    long = request("long", 4, 1000)
+    late = request("late", 4, 4, t_arr=-2 * SLO.ttft_s, model="other")
+    core.add_request(long)
+    core.add_request(late)
+    while late.t_first_token is None:
+        core.step()
+    assert SLO.ttft_s <= late.t_first_token <= SLO.ttft_s + 0.5
+    assert long.num_output_tokens < 1000  # it had not finished: the turn was taken from it
+    while not core.is_idle():
+        core.step()
+    assert long.num_output_tokens == 1000 and core.scheduler.tenancy.num_switches == 2
+
+
 def _two_models(sharing: str, **kwargs: object) -> tuple[EngineCore, list[Request]]:
     """ "tiny" and "other", both ``sharing``, three long requests each, all admitted."""
     tenants = (TenantSpec("tiny", sharing=sharing), TenantSpec("other", sharing=sharing))

@@ -63,6 +63,40 @@ def test_a_model_with_a_request_in_time_goes_before_models_whose_requests_are_al
     assert step(t, 2.0, {"t2": (False, 2.0), "t3": (False, 40.0)}) == ["t3"]
 
 
+def test_a_model_whose_requests_are_all_late_gets_the_turn_once_it_waited_its_ttft() -> None:
+    slo = SloSpec("interactive", ttft_s=5.0, tbt_s=0.1)
+    t = Tenancy(
+        [
+            TenantSpec("top", sharing="temporal", priority=1, slo=slo),
+            TenantSpec("a", sharing="temporal", slo=slo),
+            TenantSpec("b", sharing="temporal", slo=slo),
+            TenantSpec("free", sharing="temporal"),  # no SLO class: no bound
+        ],
+        min_quantum_s=1.0,
+    )
+    late = (False, 40.0)
+    assert step(t, 0.0, {"a": 0.0}) == ["a"]
+    # a keeps a request in time: b, all late, waits from 1.0 ...
+    assert step(t, 1.0, {"a": 0.0, "b": late}) == ["a"]
+    assert step(t, 5.9, {"a": 0.0, "b": late}) == ["a"]
+    # ... until it has waited its TTFT target; then it holds the turn for a quantum.
+    assert step(t, 6.0, {"a": 0.0, "b": late}) == ["b"]
+    assert step(t, 6.9, {"a": -1.0, "b": late}) == ["b"]
+    assert step(t, 7.0, {"a": -1.0, "b": late}) == ["a"]
+    # Waiting is counted afresh from when it lost the turn, and only while it has work.
+    assert step(t, 8.0, {"a": 0.0}) == ["a"]
+    assert step(t, 9.0, {"a": 0.0, "b": late}) == ["a"]
+    assert step(t, 13.9, {"a": 0.0, "b": late}) == ["a"]
+    assert step(t, 14.0, {"a": 0.0, "b": late}) == ["b"]
+    # A model with a request in time is not owed the turn by its wait (its urgency
+    # grows as it waits), nor is one without a target, nor does a wait outrank priority.
+    assert step(t, 15.0, {"a": -9.0, "b": 0.0}) == ["b"]
+    assert step(t, 25.0, {"a": -9.0, "b": 0.0, "free": late}) == ["b"]
+    assert step(t, 26.0, {"top": 1.0, "b": 0.0}) == ["top"]
+    assert step(t, 40.0, {"top": 1.0, "b": late}) == ["top"]
+    assert t.num_switches == 4
+
+
 def test_a_higher_priority_takes_the_turn_first_whatever_the_others_lag() -> None:
     t = tenancy(quantum=1.0)
     assert step(t, 0.0, {"t2": 0.0}) == ["t2"]
