@@ -11,12 +11,20 @@ written there when beat starts, and an operator can change their interval in the
 from __future__ import annotations
 
 import os
+import sys
 
 from celery import Celery
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "shunter.project.settings")
 
+_path = list(sys.path)
 app = Celery("shunter")
+# Celery's Django fixup puts the working directory first on sys.path, for projects
+# imported from there. Shunter is an installed package; run from a checkout, the
+# checkout's folders (kernels, engine, platform, ...) would shadow installed modules of
+# those names: transformers 5.25 imports Hugging Face's ``kernels`` and got ours.
+if sys.path[1:] == _path and sys.path[0] == os.getcwd():
+    del sys.path[0]
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.beat_schedule = {
     # Engine health, state (for the console) and restart detection, every few seconds.
