@@ -90,8 +90,8 @@ def test_a_model_whose_requests_are_all_late_gets_the_turn_once_it_waited_its_tt
     assert step(t, 14.0, {"a": 0.0, "b": late}) == ["b"]
     # A model with a request in time is not owed the turn by its wait (its urgency
     # grows as it waits), nor is one without a target, nor does a wait outrank priority.
-    assert step(t, 15.0, {"a": -9.0, "b": 0.0}) == ["b"]
-    assert step(t, 25.0, {"a": -9.0, "b": 0.0, "free": late}) == ["b"]
+    assert step(t, 15.0, {"a": -9.0, "b": 0.0, "free": late}) == ["b"]
+    assert step(t, 25.0, {"a": -9.0, "b": 0.0, "free": late}) == ["b"]  # both waited 10 s
     assert step(t, 26.0, {"top": 1.0, "b": 0.0}) == ["top"]
     assert step(t, 40.0, {"top": 1.0, "b": late}) == ["top"]
     assert t.num_switches == 4
