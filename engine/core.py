@@ -162,7 +162,8 @@ class EngineCore:
         Raises NoRoom (a ValueError with the bytes needed, free and reclaimable),
         changing nothing, when the added models' weights and a full context of each
         (``NewModel.num_tokens``) would not fit the arena with the removed models gone,
-        or a live request of another model would no longer fit; ValueError, changing
+        the KV floors would add up to more than the pages the weights leave, or a live
+        request of another model would no longer fit; ValueError, changing
         nothing, while a removed model still has live requests or copies in flight.
         """
         if self._launched is not None:  # the executor's models and pages stay put
@@ -171,7 +172,8 @@ class EngineCore:
             if self.scheduler.queues[model] or not self.memory.can_remove_model(model):
                 raise ValueError(f"model {model!r} still has live requests or copies in flight")
         others = [r for r in self.scheduler.requests.values() if r.model not in removing]
-        self.memory.check_room([(m.spec, m.num_tokens) for m in adding], removing, others)
+        floors = {m.spec.name: m.tenant.kv_floor for m in adding}
+        self.memory.check_room([(m.spec, m.num_tokens) for m in adding], removing, others, floors)
         for model in removing:
             self.scheduler.remove_model(model)
         for m in adding:

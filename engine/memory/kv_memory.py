@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from shunter.engine.config import EngineConfig, ModelSpec
 from shunter.engine.memory.arena import FREE, Arena, PageOwner
@@ -107,10 +107,20 @@ class KVMemory(Relocation):
     def set_bounds(self, bounds: KvBounds) -> None:
         """Replace the KV floors and ceilings. They bound claims from now on: a model
         above a new ceiling keeps what it holds and claims nothing more, and a new floor
-        is kept from the free pages the model does not hold yet."""
+        is kept from the free pages the model does not hold yet. ValueError, changing
+        nothing, when the floors do not fit (``check_floors``)."""
+        self.check_floors(bounds)
         self.bounds = bounds
         for pool in self._pools.values():
             pool.claim_limit = None if bounds.unbounded else self._claim_limit(pool)
+
+    def check_floors(self, bounds: KvBounds) -> None:
+        """Raise ValueError unless the KV floors of ``bounds`` add up to no more than
+        the arena's pages that hold no weights while every layer is in place. A floor
+        is memory its model can always have, so together they cannot promise more than
+        there is; the pages remapping lends do not count, as it takes them back."""
+        if (problem := _floors_problem(bounds.floors, self._kv_page_bytes())) is not None:
+            raise ValueError(problem)
 
     def num_total_blocks(self, model: str, bounds: KvBounds | None = None) -> int:
         """The most blocks the model could ever hold: the KV pages (every page not
@@ -600,13 +610,16 @@ class KVMemory(Relocation):
         adding: Sequence[tuple[ModelSpec, int]],
         removing: Collection[str] = (),
         requests: Iterable[Request] = (),
+        floors_added: Mapping[str, int] | None = None,
     ) -> None:
         """Raise NoRoom, changing nothing, unless removing the models ``removing`` and
         then adding each ``(spec, tokens)`` of ``adding`` fits: every added model's
         weights in free runs of the arena (free pages, every page of a removed model,
         and the chunks the other models hold without a used block), room for ``tokens``
         KV tokens of each added model, and room for each of ``requests`` (live requests
-        of the models that stay) at full length, all within the KV floors."""
+        of the models that stay) at full length, all within the KV floors: those of the
+        models that stay and ``floors_added`` (the added models'), which together must
+        fit the pages the weights leave (``check_floors``)."""
         arena = self.arena
         scratch = arena.copy()
         reclaimed: dict[PageOwner, list[int]] = {}
@@ -638,10 +651,18 @@ class KVMemory(Relocation):
                 ) from None
             kv_bytes += self._lendable_bytes(spec) - need
         floors = {m: f for m, f in self.bounds.floors.items() if m not in removing}
+        floors.update((m, f) for m, f in (floors_added or {}).items() if f)
+        kv_page_bytes = self._kv_page_bytes() + page * (
+            sum(self.weights[m].num_pages for m in removing)
+            - sum(weight_pages(spec, page) for spec, _ in adding)
+        )
+        if (problem := _floors_problem(floors, kv_page_bytes)) is not None:
+            raise NoRoom(problem)
         for spec, tokens in adding:
             chunk = math.lcm(spec.block_bytes(self.block_tokens), page)
             need = self.num_blocks(tokens) * spec.block_bytes(self.block_tokens)
-            room = max(0, kv_bytes - sum(floors.values())) // chunk * chunk
+            others = sum(f for m, f in floors.items() if m != spec.name)
+            room = max(0, kv_bytes - others) // chunk * chunk
             if need > room:
                 raise NoRoom(
                     f"model {spec.name!r} needs {need} bytes of KV for {tokens} tokens; "
@@ -667,6 +688,10 @@ class KVMemory(Relocation):
             raise ValueError(f"model {spec.name!r} is served already")
         block_bytes = spec.block_bytes(self.block_tokens)
         pool = BlockPool(self.arena, spec.name, block_bytes)  # checks the chunk fits
+        page = self.arena.page_bytes
+        kv_page_bytes = self._kv_page_bytes() - weight_pages(spec, page) * page
+        if (problem := _floors_problem(self.bounds.floors, kv_page_bytes)) is not None:
+            raise ValueError(problem)
         try:
             layout = place_model(self.arena, spec)
         except ValueError:
@@ -722,6 +747,11 @@ class KVMemory(Relocation):
         ]
 
     # -- internals -------------------------------------------------------------------------
+    def _kv_page_bytes(self) -> int:
+        """Bytes of the arena's pages that hold no weights while every layer is in place."""
+        placed = sum(w.num_pages for w in self.weights.values())
+        return (self.arena.num_pages - placed) * self.arena.page_bytes
+
     def _lendable_bytes(self, spec: ModelSpec) -> int:
         """Weight bytes of a model that remapping may lend to the KV cache (its frames up
         to the cap)."""
@@ -771,6 +801,26 @@ class KVMemory(Relocation):
             self._pools[model].free(ids)
         else:
             self._inflight.defer_device(fence, model, ids)
+
+
+def floors_problem(config: EngineConfig) -> str | None:
+    """Why the tenants' KV floors of ``config`` cannot all be kept (``check_floors``), or
+    None when they can: what ``KVMemory(config)`` would raise for them."""
+    floors = {t.model: t.kv_floor for t in config.tenants}
+    placed = sum(weight_pages(m, config.page_bytes) for m in config.models)
+    return _floors_problem(floors, (config.num_pages - placed) * config.page_bytes)
+
+
+def _floors_problem(floors: Mapping[str, int], kv_bytes: int) -> str | None:
+    """What is wrong with ``floors`` where ``kv_bytes`` of pages hold no weights: None
+    when they add up to no more than that."""
+    total = sum(floors.values())
+    if total <= kv_bytes:
+        return None
+    return (
+        f"the KV floors add up to {total} bytes but with every model's weights in place "
+        f"the arena has {kv_bytes} bytes of KV pages"
+    )
 
 
 def _weight_runs(layout: WeightLayout) -> list[tuple[range, PageOwner]]:

@@ -207,8 +207,8 @@ class Scheduler:
         A model that changes sharing mode executes as its new mode from the next step
         on. Live requests keep the SLO class they arrived with (the tenant's class is
         for new ones). Raises ValueError, changing nothing, for a model this engine
-        does not serve, two specs of one model, or bounds under which a live request
-        could never fit.
+        does not serve, two specs of one model, KV floors that add up to more than the
+        pages the weights leave, or bounds under which a live request could never fit.
         """
         given = [t.model for t in tenants]
         if len(set(given)) != len(given) or not set(given) <= self.queues.keys():
@@ -224,8 +224,8 @@ class Scheduler:
                     f"request {r.id!r} needs {beyond[0]} KV blocks; model {r.model!r} would "
                     f"have {beyond[1]}"
                 )
+        memory.set_bounds(bounds)  # first: it raises when the floors do not fit
         self.tenancy.set_tenants(specs)
-        memory.set_bounds(bounds)
         if self.remapper is not None:
             self.remapper.set_priorities({t.model: t.priority for t in specs})
 

@@ -114,7 +114,8 @@ async def _change_models(
 
     def check_room() -> None:
         others = [r for r in core.scheduler.requests.values() if r.model not in removing]
-        core.memory.check_room(needs, removing, others)
+        floors = {n: tenants[n].kv_floor for n in adding}
+        core.memory.check_room(needs, removing, others, floors)
 
     try:
         await loop.call(check_room)

@@ -15,8 +15,10 @@ from shunter.engine.config import (
     TenantSpec,
     default_step_target_s,
 )
+from shunter.engine.errors import ServeError
 from shunter.engine.exec.serving import TorchEngine, model_specs
 from shunter.engine.exec.sizing import KVNeed, default_host_swap_bytes, serving_config
+from shunter.engine.memory.kv_memory import floors_problem
 from shunter.engine.server.context import ServerState
 from shunter.engine.server.loop import EngineLoop
 from shunter.engine.server.metrics import ServerMetrics
@@ -31,8 +33,8 @@ def engine_config(settings: EngineSettings, *, check_integrity: bool = False) ->
     smaller than its own (``context_tokens``). Host swap space is ``host_budget`` bytes,
     by default what ``kv_tokens`` tokens of each model take, within half the host's
     memory over all models (so with ``hbm_budget`` alone ``kv_tokens`` sizes the host
-    swap space only). ServeError
-    says what does not fit."""
+    swap space only). ServeError says what does not fit: weights, a full context, or
+    the models' KV floors."""
     specs = model_specs({m.name: m.path for m in settings.models})
     full, one = [], []
     for m, spec in zip(settings.models, specs, strict=True):
@@ -57,12 +59,15 @@ def engine_config(settings: EngineSettings, *, check_integrity: bool = False) ->
         async_scheduling=settings.async_scheduling,
         enforce_eager=settings.enforce_eager,
     )
-    return dataclasses.replace(
+    config = dataclasses.replace(
         config,
         scheduler=SchedulerConfig(policy=settings.policy, step_target_s=step_target_s(settings)),
         tenants=tenant_specs(settings),
         remap=dataclasses.replace(config.remap, capacity_order=settings.capacity_order),
     )
+    if (problem := floors_problem(config)) is not None:
+        raise ServeError(f"{problem}; lower the models' kv_floor or give the arena more")
+    return config
 
 
 def step_target_s(settings: EngineSettings) -> float:

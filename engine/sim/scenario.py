@@ -4,9 +4,9 @@
 - ``c2``: OPT-30B 65%, OPT-6.7B 15%;
 
 on a GH200 with 96 GB of HBM3, the paper's testbed (§7.1). Each model's share of GPU
-memory less its weights is its KV floor, kept for it alone as the separate vLLM
-instances of the paper's setup keep theirs; the arena is the sum of the shares, and the
-pages remapping frees go to whichever model needs them.
+memory less the pages its weights take is its KV floor, kept for it alone as the
+separate vLLM instances of the paper's setup keep theirs; the arena is the sum of the
+shares, and the pages remapping frees go to whichever model needs them.
 
 Sharing modes shape the load as well as the scheduling:
 
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from shunter.engine.catalog import get_model
 from shunter.engine.config import ModelSpec
+from shunter.engine.memory.weights import weight_pages
 from shunter.engine.sim.mix import ModelLoad, OnOff
 from shunter.engine.workload.lengths import LengthSampler, sharegpt_like
 
@@ -80,11 +81,15 @@ class Scenario:
         """The share of GPU memory the engine's arena takes."""
         return sum(share for _, share in self.shares)
 
-    def kv_floors(self, hbm_bytes: float) -> dict[str, int]:
-        """Each model's KV floor in bytes: its share of ``hbm_bytes`` less its weights."""
+    def kv_floors(self, hbm_bytes: float, page_bytes: int) -> dict[str, int]:
+        """Each model's KV floor in bytes: the whole pages of its share of ``hbm_bytes``
+        less the pages its weights take (each layer in pages of its own, as the arena
+        places them). So the floors add up to no more than the arena's pages less every
+        model's weights, which the engine requires (``KVMemory.check_floors``)."""
         floors = {}
         for spec, (name, share) in zip(self.models, self.shares, strict=True):
-            floor = int(share * hbm_bytes) - spec.param_bytes
+            pages = int(share * hbm_bytes) // page_bytes - weight_pages(spec, page_bytes)
+            floor = pages * page_bytes
             if floor <= 0:
                 raise ValueError(f"{self.name}: {name}'s share does not hold its weights")
             floors[name] = floor

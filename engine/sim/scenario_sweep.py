@@ -16,6 +16,7 @@ from typing import Any
 
 from shunter.engine.config import (
     CAPACITY_SOURCES,
+    EngineConfig,
     RemapConfig,
     RotationConfig,
     SchedulerConfig,
@@ -105,7 +106,7 @@ class ScenarioSpec:
         scenario, v = get_scenario(self.scenario), VARIANTS[variant]
         hardware = get_profile(self.hardware_name)
         slo = sweep_slo(self)
-        floors = scenario.kv_floors(hardware.hbm_bytes)
+        floors = scenario.kv_floors(hardware.hbm_bytes, EngineConfig.page_bytes)
         config = SimConfig(
             models=scenario.models,
             hardware=hardware,

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from shunter.engine.config import TenantSpec
 from shunter.engine.memory.bounds import KvBounds
-from shunter.engine.memory.kv_memory import KVMemory
+from shunter.engine.memory.kv_memory import KVMemory, NoRoom
 from tests.engine.fakes import TINY, request, tiny_config
 
 OTHER = dataclasses.replace(TINY, name="other")
@@ -68,3 +70,34 @@ def test_spare_memory_is_what_a_model_holds_free_beyond_its_floor() -> None:
     assert memory.num_held_free_blocks("tiny") == 6
     assert memory.spare_bytes("tiny") == 2 * block  # the 4 of its floor stay its own
     assert memory.spare_bytes("other") == 0  # holds nothing
+
+
+def test_floors_must_fit_the_pages_the_weights_leave() -> None:
+    block = TINY.block_bytes(4)  # one block per page: 10 pages of KV
+    fitting = (TenantSpec("tiny", kv_floor=6 * block), TenantSpec("other", kv_floor=4 * block))
+    memory = KVMemory(tiny_config(kv_blocks=10, models=(TINY, OTHER), tenants=fitting))
+    over = [TenantSpec("tiny", kv_floor=6 * block), TenantSpec("other", kv_floor=5 * block)]
+    with pytest.raises(ValueError, match="floors add up to"):
+        KVMemory(tiny_config(kv_blocks=10, models=(TINY, OTHER), tenants=tuple(over)))
+    with pytest.raises(ValueError, match=f"arena has {10 * block} bytes of KV pages"):
+        memory.set_bounds(KvBounds(over))
+    assert memory.bounds.floors == {"tiny": 6 * block, "other": 4 * block}  # unchanged
+
+
+def test_an_added_models_floor_counts_with_its_weights() -> None:
+    block = TINY.block_bytes(4)
+    tenants = (TenantSpec("tiny", kv_floor=4 * block),)
+    # Room for OTHER's weights and 10 blocks of KV besides them.
+    weights = KVMemory(tiny_config(kv_blocks=0, models=(OTHER,))).arena.num_pages
+    memory = KVMemory(tiny_config(kv_blocks=10 + weights, tenants=tenants))
+    memory.check_room([(OTHER, 16)], (), (), {"other": 6 * block})
+    with pytest.raises(NoRoom, match="floors add up to"):
+        memory.check_room([(OTHER, 16)], (), (), {"other": 7 * block})
+    # The added model's own floor is its, not kept from it.
+    memory.check_room([(OTHER, 6 * 4)], (), (), {"other": 6 * block})
+    with pytest.raises(NoRoom, match="bytes of KV for"):
+        memory.check_room([(OTHER, 7 * 4)], (), (), {"other": 6 * block})
+    memory.set_bounds(KvBounds([*tenants, TenantSpec("other", kv_floor=10 * block)]))
+    with pytest.raises(ValueError, match="floors add up to"):
+        memory.add_model(OTHER)  # its weights would take pages the floors need
+    assert "other" not in memory.weights

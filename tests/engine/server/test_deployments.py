@@ -158,6 +158,21 @@ def test_bounds_a_live_request_cannot_fit_are_refused(
     loop.close()
 
 
+def test_floors_beyond_the_kv_pages_are_refused(
+    srv: ServerThread, model_dirs: dict[str, Path]
+) -> None:
+    llama = {"name": "llama", "path": str(model_dirs["tiny-llama"]), "kv_floor": 1 << 40}
+    r = _put(srv, {"models": [llama]})
+    assert r.status_code == 400, r.text
+    assert "floors add up to 1099511627776 bytes" in r.json()["error"]["message"]
+    assert srv.state.settings.models[0].kv_floor is None
+    # An added model's floor counts too.
+    qwen = {"name": "qwen", "path": str(model_dirs["tiny-qwen2"]), "kv_floor": 1 << 40}
+    r = _put(srv, {"models": [{**llama, "kv_floor": None}, qwen]})
+    assert r.status_code == 400 and "floors add up to" in r.json()["error"]["message"], r.text
+    assert _models(srv) == ["llama"] and _complete(srv, "llama") == 200
+
+
 def test_add_and_remove_models(srv: ServerThread, model_dirs: dict[str, Path]) -> None:
     loop, task = _long_stream(srv, max_tokens=1500)
     r = _put(srv, {"models": [{"name": "qwen", "path": str(model_dirs["tiny-qwen2"])}]})

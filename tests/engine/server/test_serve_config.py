@@ -6,8 +6,11 @@ import dataclasses
 import gc
 from pathlib import Path
 
+import pytest
+
+from shunter.engine.errors import ServeError
 from shunter.engine.exec.serving import model_specs
-from shunter.engine.exec.sizing import BLOCK_TOKENS
+from shunter.engine.exec.sizing import BLOCK_TOKENS, weight_bytes
 from shunter.engine.server.models import ModelArg
 from shunter.engine.server.serve import engine_config
 from shunter.engine.server.settings import EngineSettings, settings_from_dict
@@ -65,6 +68,24 @@ def test_max_context_sizes_the_arena(model_dirs: dict[str, Path]) -> None:
         models=tuple(dataclasses.replace(m, max_context=1 << 30) for m in settings.models),
     )
     assert engine_config(long).device_bytes == full.device_bytes
+
+
+def test_kv_floors_must_fit_the_arena(model_dirs: dict[str, Path]) -> None:
+    settings = _settings(model_dirs)
+    config = engine_config(settings)
+    kv_bytes = config.device_bytes - weight_bytes(config.models, config.page_bytes)
+    page = config.page_bytes
+    half = kv_bytes // 2 // page * page
+
+    def with_floors(*floors: int) -> EngineSettings:
+        models = [
+            dataclasses.replace(m, kv_floor=f) for m, f in zip(settings.models, floors, strict=True)
+        ]
+        return dataclasses.replace(settings, models=tuple(models))
+
+    assert [t.kv_floor for t in engine_config(with_floors(half, half)).tenants] == [half] * 2
+    with pytest.raises(ServeError, match=r"floors add up to .* lower the models' kv_floor"):
+        engine_config(with_floors(half, kv_bytes - half + page))
 
 
 def test_a_built_server_keeps_its_startup_objects_out_of_the_collectors_sight(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from shunter.engine.memory.kv_memory import KVMemory
 from shunter.engine.sim.hardware import GB, MiB, gh200_96g
 from shunter.engine.sim.scenario import SCENARIOS, VARIANTS, get_scenario
 from shunter.engine.sim.scenario_sweep import ScenarioSpec
@@ -21,10 +22,15 @@ def test_table_1_shares_and_floors() -> None:
     assert [m.name for m in c1.models] == ["opt-13b", "llama-2-13b", "llama-3-8b"]
     assert c1.memory_fraction == pytest.approx(0.90)
     assert c2.memory_fraction == pytest.approx(0.80)
-    floors = c2.kv_floors(gh200_96g.hbm_bytes)
-    # OPT-30B's 65% of 96 GB holds its 60 GB of weights and 2.5 GB of KV.
-    assert floors["opt-30b"] == pytest.approx(2.49 * GB, rel=0.01)
-    assert all(v > 0 for v in c1.kv_floors(gh200_96g.hbm_bytes).values())
+    floors = c2.kv_floors(gh200_96g.hbm_bytes, 2 * MiB)
+    # OPT-30B's 65% of 96 GB holds its 60 GB of weights and 2.39 GB of KV.
+    assert floors["opt-30b"] == pytest.approx(2.39 * GB, rel=0.01)
+    assert all(v > 0 for v in c1.kv_floors(gh200_96g.hbm_bytes, 2 * MiB).values())
+    # Together they fit the arena's pages less the weights: the engine starts.
+    for name in ("c1", "c2"):
+        for sharing in ("temporal", "spatial"):
+            spec = ScenarioSpec(name, (sharing,), ("combined+",), (1.0,))
+            KVMemory(spec.sim_config("combined+", sharing).engine_config())
 
 
 def test_temporal_models_take_windows_in_turn_spatial_ones_are_always_on() -> None:
