@@ -8,6 +8,7 @@ from operator import attrgetter
 
 from shunter.engine.request import Request, slo_slack, tbt_slack, ttft_slack, vlts
 from shunter.engine.sched.policy import Decision, Policy, PolicyInput, by_arrival
+from shunter.engine.sched.room import Room
 from shunter.engine.sched.turn_length import SWITCH_COST_FACTOR
 
 
@@ -61,6 +62,11 @@ class LvfPolicy(Policy):
 
     name = "lvf"
     rotates = True
+    # Whether a candidate may count on rotation only for what the requests this policy
+    # would preempt hold. Algorithm 1 counts on B_xfer alone: every running request
+    # with VLT < 0 may go. A policy that spares some (``_victims``) must not promise a
+    # candidate memory nobody will give back.
+    rotation_bounded_by_victims = False
 
     def schedule(self, state: PolicyInput) -> Decision:
         candidates = [*state.waiting, *state.rotary]
@@ -112,6 +118,7 @@ class LvfPolicy(Policy):
         victim_blocks = 0
         # Per pool, what its admissions take beyond its room: step 4 rotates that out.
         rotated: dict[str, int] = {}
+        rotatable: _Rotatable | None = None
         pulled: dict[str, int] = {}  # per pool, what the victims pulled for slots free
         decision = Decision()
         admit = decision.admit
@@ -123,6 +130,12 @@ class LvfPolicy(Policy):
             short = max(0, cost - own)
             if short > xfer_left or (short and not self._rotates_for(r, lag[i], now)):
                 continue
+            if short and self.rotation_bounded_by_victims:
+                if rotatable is None:
+                    victims_now = self._victims(state, lag[head[0]])
+                    rotatable = _Rotatable(room, [(pool(v), state.blk(v)) for v in victims_now])
+                if not rotatable.covers(rotated, p, short):
+                    continue
             if len(admit) >= slots + len(victims):
                 # Another slot, from the tail, while the transfer budget lasts.
                 victim = next(tail, None) if victim_blocks < xfer else None
@@ -194,6 +207,14 @@ class LvfPlusPolicy(LvfPolicy):
       it, slack regained in two or three fast tokens made a request eligible again,
       and requests cycled through the link every few tokens (SIMULATED, c1 temporal
       at 8 req/s: 119 rotations per request, 11 TB copied back in 105 s).
+    - **Only on memory somebody gives back.** A candidate that needs more than the free
+      blocks is taken only if the running requests lvf+ may rotate out hold it for its
+      pool, beyond what the candidates taken before it lack (``_Rotatable``).
+      Algorithm 1 counts on B_xfer whoever runs; with the requests it spares, a
+      candidate so taken found no room, took the free blocks on paper and stopped its
+      model's admissions behind it (SIMULATED, ``bench isolation --on sim --scenario
+      c2``: the victim's 13-token prompt waited 8.4 s behind its own rotated-out
+      request, for which nobody was preempted).
     - **A decode out of blocks takes them from a request already behind its SLO.**
       Passive preemption (``passive_victim``) preempts a running request of the model
       with no slack left (``slo_slack`` < 0: its first token late, or behind its TBT
@@ -214,6 +235,7 @@ class LvfPlusPolicy(LvfPolicy):
 
     name = "lvf+"
     paces = True
+    rotation_bounded_by_victims = True
 
     def schedule(self, state: PolicyInput) -> Decision:
         candidates = [*state.waiting, *state.rotary]
@@ -241,6 +263,25 @@ class LvfPlusPolicy(LvfPolicy):
             away = time_out(r, max_lag) + r.slo.tbt_s + trip
             if tbt_slack(r, now) >= away:
                 yield r
+
+
+class _Rotatable:
+    """What the requests a policy may preempt hold, for the pools their memory serves
+    (``Room.helps``): whether rotation can still give a pool what a candidate lacks."""
+
+    def __init__(self, room: Room, victims: list[tuple[str, int]]) -> None:
+        self._room, self._victims = room, victims
+        self._total = sum(n for _, n in victims)
+        self._for: dict[str, int] = {}
+
+    def covers(self, rotated: dict[str, int], pool: str, short: int) -> bool:
+        """Whether the victims hold ``short`` more for ``pool`` than the candidates
+        taken so far lack (``rotated``, per pool), and in all as much as all lack."""
+        if pool not in self._for:
+            helps = self._room.helps
+            self._for[pool] = sum(n for vp, n in self._victims if helps(vp, pool))
+        lacking = sum(n for n in rotated.values() if n > 0)
+        return rotated.get(pool, 0) + short <= self._for[pool] and lacking + short <= self._total
 
 
 def time_out(r: Request, max_lag: float) -> float:

@@ -470,16 +470,52 @@ def test_lvf_plus_is_algorithm_1_when_memory_binds(case: Case) -> None:
     """With a slot for every request, running requests far ahead of their TBT SLO,
     candidates that cannot miss their TTFT target and no link rate, lvf+ decides as
     Algorithm 1 wherever the free blocks do not hold every candidate, except that
-    nobody is rotated out for a candidate that does not lag."""
+    nobody is rotated out for a candidate that does not lag, and no candidate counts on
+    more rotation than the requests preempted hold (Algorithm 1 counts on B_xfer:
+    with nobody to preempt it admits what the free blocks cannot hold)."""
     book = Book()
+    blocks_of = {}
     for name, state, blocks, times in case.requests:
         r = book.add(name, state, blocks, **times)
+        blocks_of[name] = blocks
         if state is R:
             r.t_first_token, r.num_output_tokens = r.t_run, 10**6
         # The same tolerance (beta_F x S_F = 2.5 s), and no TTFT target ever missed.
         r.slo = dataclasses.replace(r.slo, ttft_s=1e6, beta_f=2.5e-6)
     state = book.state(case.now, case.free, case.xfer, case.slots)
-    assert LvfPlusPolicy().schedule(state) == LvfPolicy().schedule(state)
+    algorithm_1, lvf_plus = LvfPolicy().schedule(state), LvfPlusPolicy().schedule(state)
+    admitted = sum(blocks_of[n] for n in ids(algorithm_1.admit))
+    freed = sum(blocks_of[n] for n in ids(algorithm_1.preempt))
+    if admitted <= case.free + freed:
+        assert lvf_plus == algorithm_1
+    else:  # what fits the free blocks, in Algorithm 1's order
+        assert ids(lvf_plus.preempt) == [] and admitted > case.free
+        assert sum(blocks_of[n] for n in ids(lvf_plus.admit)) <= case.free
+        assert set(ids(lvf_plus.admit)) <= set(ids(algorithm_1.admit)) | {
+            n for n, st, _, _ in case.requests if st is not R
+        }
+
+
+def test_lvf_plus_counts_on_rotation_only_for_what_its_victims_hold() -> None:
+    """Algorithm 1 takes "big" on B_xfer's word and rotates "run" out for it; lvf+
+    keeps "run", which has not run long enough to pay for its rotation, so nothing
+    would make room for "big": counting on it, "big" would take the free blocks on
+    paper and "small", which fits them, would wait behind it. lvf+ admits "small"."""
+    book = Book()
+    run = book.add("run", R, 4, t_run=9.99)
+    run.t_first_token, run.num_output_tokens = 9.99, 10**6
+    big = book.add("big", S, 3, t_arr=0.0, t_last=5.0)
+    small = book.add("small", W, 1, t_arr=9.0)
+    for r in (run, big, small):
+        r.slo = dataclasses.replace(r.slo, ttft_s=1e6, beta_f=2.5e-6)
+    state = book.state(now=10.0, free=2, xfer=4, step_s=0.05)  # 4 x 50 ms > 10 ms run
+    algorithm_1 = LvfPolicy().schedule(state)
+    assert ids(algorithm_1.admit) == ["big", "small"] and ids(algorithm_1.preempt) == ["run"]
+    decision = LvfPlusPolicy().schedule(state)
+    assert ids(decision.admit) == ["small"] and ids(decision.preempt) == []
+    # Once "run" has run long enough to go, lvf+ rotates it out for "big".
+    decision = LvfPlusPolicy().schedule(book.state(now=20.0, free=2, xfer=4, step_s=0.05))
+    assert ids(decision.admit) == ["big", "small"] and ids(decision.preempt) == ["run"]
 
 
 def test_lvf_plus_rotates_nobody_out_for_a_candidate_within_its_tolerance() -> None:
