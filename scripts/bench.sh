@@ -39,8 +39,8 @@ echo "== load generator: 200 req/s open loop against a local SSE fixture (64 tok
 echo "== isolation (CPU, 2x tiny-llama, 2 ms step target): a quiet tenant's TTFT alone vs beside 2,047-token prompts and max fan-out"
 "${VENV:-.venv}/bin/shunter" bench isolation --step-target-ms 2 --requests 200
 
-echo "== isolation, SIMULATED (GH200, scenario c1, the five variants that keep the victim's SLO, the engine's 25 ms step target): a victim tenant's P99 TTFT alone vs beside a 10x batch aggressor"
-"${VENV:-.venv}/bin/shunter" bench isolation --on sim --scenario c1 --variants vllm,lvf,lvf+,oneiros,combined+
+echo "== isolation, SIMULATED (GH200, scenario c1, every variant, the engine's 25 ms step target): a victim tenant's P99 TTFT alone vs beside a 10x batch aggressor"
+"${VENV:-.venv}/bin/shunter" bench isolation --on sim --scenario c1 --variants vllm,lvf,lvf+,oneiros,combined,combined+
 
-echo "== isolation, SIMULATED (GH200, scenario c2, the same five variants): the same"
-"${VENV:-.venv}/bin/shunter" bench isolation --on sim --scenario c2 --variants vllm,lvf,lvf+,oneiros,combined+
+echo "== isolation, SIMULATED (GH200, scenario c2, the variants that lend the victim the memory its peaks need beyond its floor; every variant: --scenario c2 alone, docs/engine.md)"
+"${VENV:-.venv}/bin/shunter" bench isolation --on sim --scenario c2 --variants oneiros,combined+
