@@ -38,29 +38,45 @@ class Fit:
       turn), every other one only its non-remappable share (embeddings, the head and the
       layers beyond the remapping cap), the rest lent to the KV cache while it waits;
     - a KV reserve per deployment (``kv_reserve_bytes``).
+
+    The KV floors must also fit beside every model's weights, all of them resident: the
+    engine keeps a floor out of the pages no weights hold, since the layers remapping
+    lends come back (``KVMemory.check_floors``; it refuses floors that do not fit).
     """
 
     hbm_bytes: int
     spatial_weight_bytes: int
     temporal_weight_bytes: int
     kv_reserve_bytes: int
+    all_weight_bytes: int = 0
+    kv_floor_bytes: int = 0
 
     @property
     def need_bytes(self) -> int:
         return self.spatial_weight_bytes + self.temporal_weight_bytes + self.kv_reserve_bytes
 
     @property
+    def floors_fit(self) -> bool:
+        return self.all_weight_bytes + self.kv_floor_bytes <= self.hbm_bytes
+
+    @property
     def fits(self) -> bool:
-        return self.need_bytes <= self.hbm_bytes
+        return self.need_bytes <= self.hbm_bytes and self.floors_fit
 
     def describe(self) -> str:
         gib = 1024**3
-        return (
+        text = (
             f"needs {self.need_bytes} bytes ({self.need_bytes / gib:.2f} GiB: spatial weights "
             f"{self.spatial_weight_bytes}, temporal weights {self.temporal_weight_bytes}, "
             f"KV reserve {self.kv_reserve_bytes}) of {self.hbm_bytes} bytes of HBM "
             f"({self.hbm_bytes / gib:.2f} GiB)"
         )
+        if not self.floors_fit:
+            text += (
+                f", and its KV floors ({self.kv_floor_bytes} bytes) must fit beside every "
+                f"model's weights resident ({self.all_weight_bytes} bytes)"
+            )
+        return text
 
 
 def node_fit(*, hbm_bytes: int, deployments: Sequence[Deployment]) -> Fit:
@@ -81,6 +97,8 @@ def node_fit(*, hbm_bytes: int, deployments: Sequence[Deployment]) -> Fit:
         spatial_weight_bytes=spatial_bytes,
         temporal_weight_bytes=temporal_bytes,
         kv_reserve_bytes=sum(kv_reserve_bytes(d) for d in deployments),
+        all_weight_bytes=sum(d.model.param_bytes for d in deployments),
+        kv_floor_bytes=sum(d.kv_floor_bytes or 0 for d in deployments),
     )
 
 

@@ -159,6 +159,38 @@ class FitTests(TestCase):
         node.refresh_from_db()
         assert node.hbm_bytes == self.temporal_need()
 
+    def test_kv_floors_must_fit_beside_every_models_weights(self) -> None:
+        # Floors of one context each leave the reserves, and so the need, unchanged, but
+        # the engine keeps floors out of the pages no weights hold, lent layers included.
+        need = self.temporal_need()
+        node = make_node(hbm_bytes=need)
+        big, small = self.big.spec(), self.small.spec()
+        floors = {
+            self.big: reserve(big.max_context, big.kv_bytes_per_token),
+            self.small: reserve(small.max_context, small.kv_bytes_per_token),
+        }
+        deployment_create(
+            node=node,
+            model=self.big,
+            slo_class=self.std,
+            sharing="temporal",
+            kv_floor_bytes=floors[self.big],
+        )
+        with self.assertRaises(ValidationError) as e:
+            deployment_create(
+                node=node,
+                model=self.small,
+                slo_class=self.std,
+                sharing="temporal",
+                kv_floor_bytes=floors[self.small],
+            )
+        message = str(e.exception)
+        assert f"needs {need} bytes" in message
+        assert f"its KV floors ({sum(floors.values())} bytes) must fit" in message
+        weights = big.param_bytes + small.param_bytes
+        assert f"every model's weights resident ({weights} bytes)" in message
+        deployment_create(node=node, model=self.small, slo_class=self.std, sharing="temporal")
+
     def test_kv_floor_counts_when_above_one_context(self) -> None:
         spec = self.small.spec()
         context = reserve(spec.max_context, spec.kv_bytes_per_token)
