@@ -17,7 +17,7 @@ from shunter.engine.checkpoint.random_weights import preset_config
 from shunter.engine.config import RemapConfig
 from shunter.engine.exec.hf_config import model_spec_from_config
 from shunter.platform import selectors, services
-from shunter.platform.models import Deployment, Node, SloClass
+from shunter.platform.models import Deployment, Model, Node, SloClass
 from shunter.platform.services import (
     deployment_create,
     deployment_update,
@@ -169,27 +169,21 @@ class FitTests(TestCase):
             self.big: reserve(big.max_context, big.kv_bytes_per_token),
             self.small: reserve(small.max_context, small.kv_bytes_per_token),
         }
-        deployment_create(
-            node=node,
-            model=self.big,
-            slo_class=self.std,
-            sharing="temporal",
-            kv_floor_bytes=floors[self.big],
-        )
-        with self.assertRaises(ValidationError) as e:
+
+        def create(model: Model, floor: int | None) -> None:
             deployment_create(
-                node=node,
-                model=self.small,
-                slo_class=self.std,
-                sharing="temporal",
-                kv_floor_bytes=floors[self.small],
+                node=node, model=model, slo_class=self.std, sharing="temporal", kv_floor_bytes=floor
             )
+
+        create(self.big, floors[self.big])
+        with self.assertRaises(ValidationError) as e:
+            create(self.small, floors[self.small])
         message = str(e.exception)
         assert f"needs {need} bytes" in message
         assert f"its KV floors ({sum(floors.values())} bytes) must fit" in message
         weights = big.param_bytes + small.param_bytes
         assert f"every model's weights resident ({weights} bytes)" in message
-        deployment_create(node=node, model=self.small, slo_class=self.std, sharing="temporal")
+        create(self.small, None)
 
     def test_kv_floor_counts_when_above_one_context(self) -> None:
         spec = self.small.spec()
