@@ -132,8 +132,11 @@ class LvfPolicy(Policy):
                 continue
             if short and self.rotation_bounded_by_victims:
                 if rotatable is None:
-                    victims_now = self._victims(state, lag[head[0]])
-                    rotatable = _Rotatable(room, [(pool(v), state.blk(v)) for v in victims_now])
+                    # The rest of the tail, sorted once: step 4 preempts from it too.
+                    rest = list(tail)
+                    tail = iter(rest)
+                    held = [(pool(v), state.blk(v)) for v in (*victims, *rest)]
+                    rotatable = _Rotatable(room, held)
                 if not rotatable.covers(rotated, p, short):
                     continue
             if len(admit) >= slots + len(victims):

@@ -48,8 +48,8 @@ class Fit:
     spatial_weight_bytes: int
     temporal_weight_bytes: int
     kv_reserve_bytes: int
-    all_weight_bytes: int = 0
-    kv_floor_bytes: int = 0
+    all_weight_bytes: int
+    kv_floor_bytes: int
 
     @property
     def need_bytes(self) -> int:
