@@ -42,5 +42,5 @@ echo "== isolation (CPU, 2x tiny-llama, 2 ms step target): a quiet tenant's TTFT
 echo "== isolation, SIMULATED (GH200, scenario c1, every variant, the engine's 25 ms step target): a victim tenant's P99 TTFT alone vs beside a 10x batch aggressor"
 "${VENV:-.venv}/bin/shunter" bench isolation --on sim --scenario c1 --variants vllm,lvf,lvf+,oneiros,combined,combined+
 
-echo "== isolation, SIMULATED (GH200, scenario c2, the variants that lend the victim the memory its peaks need beyond its floor; every variant: --scenario c2 alone, docs/engine.md)"
-"${VENV:-.venv}/bin/shunter" bench isolation --on sim --scenario c2 --variants oneiros,combined+
+echo "== isolation, SIMULATED (GH200, scenario c2, every variant but Algorithm 1's, whose rotation costs the victim its TBT: --scenario c2 alone, docs/engine.md)"
+"${VENV:-.venv}/bin/shunter" bench isolation --on sim --scenario c2 --variants vllm,lvf+,oneiros,combined+

@@ -1,8 +1,10 @@
 """Per-model KV floors and ceilings (``TenantSpec.kv_floor`` / ``kv_ceiling``).
 
 A floor is memory kept for one model: the others may not take the part of it the model
-does not hold yet. A ceiling caps what a model holds. Neither moves a page by itself;
-they only bound what a block pool may claim from the free pages.
+does not hold yet, except what its model lends them (``lent``: the scheduler lends the
+part of a floor its model cannot use now and recalls it when it can, ``Capacity``). A
+ceiling caps what a model holds. Neither moves a page by itself; they only bound what a
+block pool may claim from the free pages.
 """
 
 from __future__ import annotations
@@ -24,12 +26,21 @@ class KvBounds:
     def unbounded(self) -> bool:
         return not self.floors and not self.ceilings
 
-    def room(self, model: str, held: Mapping[str, int], free: int) -> int:
+    def room(
+        self,
+        model: str,
+        held: Mapping[str, int],
+        free: int,
+        lent: Mapping[str, int] | None = None,
+    ) -> int:
         """Bytes of the ``free`` ones that ``model`` may take now: within its ceiling,
-        leaving every other model what it lacks of its floor. ``held`` is each model's
-        KV bytes."""
+        leaving every other model what it lacks of its floor less what it lends
+        (``lent``, bytes per model). ``held`` is each model's KV bytes."""
+        lent = lent or {}
         reserved = sum(
-            max(0, floor - held.get(m, 0)) for m, floor in self.floors.items() if m != model
+            max(0, floor - held.get(m, 0) - lent.get(m, 0))
+            for m, floor in self.floors.items()
+            if m != model
         )
         room = free - reserved
         ceiling = self.ceilings.get(model)

@@ -73,6 +73,7 @@ class KVMemory(Relocation):
         self.weights = place_weights(self.arena, config.models)
         self.host = HostSwap(config.host_swap_bytes)
         self.bounds = KvBounds(config.tenants)
+        self._lent: dict[str, int] = {}  # bytes of each model's unheld floor others may take
         self._remap = config.remap
         self._kv_bytes = self.arena.num_free_pages * self.arena.page_bytes
         self._kv_bytes += sum(self._lendable_bytes(m) for m in config.models)
@@ -154,14 +155,36 @@ class KVMemory(Relocation):
         return self._beyond_floor(model) > 0
 
     def unheld_floor_bytes(self, model: str) -> int:
-        """Bytes of the model's floor it does not hold: free pages kept for it alone."""
+        """Bytes of the model's floor it does not hold: free pages kept for it, but for
+        what it lends (``lend_floors``)."""
         return max(0, -self._beyond_floor(model))
+
+    def kept_floor_bytes(self, model: str) -> int:
+        """Bytes of the model's unheld floor that no other model may take now: what it
+        does not lend."""
+        return max(0, self.unheld_floor_bytes(model) - self._lent.get(model, 0))
+
+    def lend_floors(self, lent: Mapping[str, int]) -> None:
+        """Let the other models take ``lent[m]`` bytes of model ``m``'s unheld floor
+        from now on (none of a model not named). A floor lent and then recalled (lent
+        less) is owed back: ``floor_debt``."""
+        self._lent = {m: n for m, n in lent.items() if n > 0}
+
+    def floor_debt(self) -> int:
+        """Bytes the floors keep beyond the free pages: what models holding more than
+        their floor took of floors since recalled, and must give back."""
+        kept = sum(self.kept_floor_bytes(m) for m in self.bounds.floors)
+        return max(0, kept - self.free_page_bytes)
 
     def spare_bytes(self, model: str) -> int:
         """Free KV bytes the model holds beyond its floor: what compaction could give
         another model without moving a used block."""
         pool = self._pools[model]
         return max(0, min(pool.num_held_free * pool.block_bytes, self._beyond_floor(model)))
+
+    def beyond_floor_bytes(self, model: str) -> int:
+        """Bytes the model's pool holds beyond its floor (0 when within it)."""
+        return max(0, self._beyond_floor(model))
 
     def _beyond_floor(self, model: str) -> int:
         """Bytes the model's pool holds beyond its floor (negative: short of it)."""
@@ -769,7 +792,7 @@ class KVMemory(Relocation):
 
     def _claim_limit(self, pool: BlockPool) -> Callable[[], int]:
         def limit() -> int:
-            room = self.bounds.room(pool.model, self.held_bytes(), self.free_page_bytes)
+            room = self.bounds.room(pool.model, self.held_bytes(), self.free_page_bytes, self._lent)
             return room // pool.chunk_bytes
 
         return limit

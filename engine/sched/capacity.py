@@ -6,27 +6,54 @@ and, for a model that lacked nothing else, the head of its queues that does not 
 (``add_starved``): an executing model's, or one below its KV floor with work that waits
 for its turn. At the end of the step, ``reclaim`` moves capacity to them: the other
 model with the most free blocks gives chunks back, or compacts.
+
+A KV floor its model cannot use is lent (``lend_floors``): when every head of a model's
+queues needs more than its free blocks and its whole unheld floor, it waits for its own
+running requests to finish, and what they free serves it, not the floor. Kept idle, that
+floor made the other models queue beside it (SIMULATED, ``bench isolation --on sim
+--scenario c2``: OPT-30B's 1,469-token prompts needed 2.0 GB, its unheld floor was 0.32
+GB, and the victim's 443-token prompt waited 7.3 s for memory its own 1.03 GB floor no
+longer had). A floor is recalled as soon as it would make a head fit, and when that head
+lags, what it lacks is given back at the next step (``repay``): the models beyond their
+floor are preempted for it, as a decode out of blocks preempts.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from operator import attrgetter
 
 from shunter.engine.memory.kv_memory import KVMemory
-from shunter.engine.request import Request
+from shunter.engine.plan import StepPlan
+from shunter.engine.request import Request, vlts
+from shunter.engine.sched.preemption import Preemptor
 from shunter.engine.sched.pressure import KvBytes
 from shunter.engine.sched.queues import RequestQueues
 from shunter.engine.sched.tenancy import Urgency
 
 
 class Capacity:
-    """Shortfalls and reclaim over ``memory`` and the per-model ``queues``, in bytes."""
+    """Shortfalls and reclaim over the memory and the per-model queues of ``kv``, in
+    bytes; ``preemptor`` preempts what a floor recalled is owed."""
 
-    def __init__(self, memory: KVMemory, queues: Mapping[str, RequestQueues], kv: KvBytes) -> None:
-        self.memory = memory
-        self.queues = queues
+    def __init__(self, kv: KvBytes, preemptor: Preemptor) -> None:
+        self.memory: KVMemory = kv.memory
+        self.queues: Mapping[str, RequestQueues] = kv.queues
         self.kv = kv
+        self.preemptor = preemptor
+        self.num_repayments = 0  # requests preempted to give lent floors back
+        self.owed = 0  # bytes the heads waiting for recalled floors lack (``lend_floors``)
+
+    def _heads(self, model: str) -> list[Request]:
+        """The heads of the model's queues (``starved``): the first waiting request, the
+        first rotary one in preemption order and the earliest rotary arrival."""
+        q = self.queues[model]
+        heads = list(itertools.islice(q.waiting.values(), 1))
+        if q.rotary:
+            heads.append(next(iter(q.rotary.values())))
+            heads.append(min(q.rotary.values(), key=attrgetter("t_arr")))
+        return heads
 
     def lack(self, r: Request) -> int:
         """KV bytes ``r``'s model lacks to bring it onto the device (one block at least:
@@ -42,14 +69,75 @@ class Capacity:
         blocks than the model may allocate is one the policy would not even try to
         admit, and the model's admissions wait behind it. 0 when every head fits (or
         there is none)."""
-        q = self.queues[model]
         free = self.memory.num_free_blocks(model)
-        heads = [next(iter(q.waiting.values()), None)]
-        if q.rotary:
-            heads.append(next(iter(q.rotary.values())))
-            heads.append(min(q.rotary.values(), key=attrgetter("t_arr")))
-        lacks = [self.lack(r) for r in heads if r is not None and self.memory.blk(r) > free]
+        lacks = [self.lack(r) for r in self._heads(model) if self.memory.blk(r) > free]
         return max(lacks, default=0)
+
+    def lend_floors(self, now: float) -> None:
+        """Lend the part of each floor stranded now (module docstring): a model whose
+        every queue head needs more than its free blocks and its whole unheld floor
+        together lends that unheld floor less what its running requests may still grow
+        into (their blocks at full length beyond those they hold). A model whose head
+        fits its free blocks, or with no head (idle, or only running), lends nothing:
+        its next request finds its floor.
+
+        A model whose head the unheld floor would make fit is ``owed`` what that head
+        lacks beyond the free blocks it may take now, if the head lags (VLT > 0):
+        ``repay`` preempts for that much, and no more. A head within its tolerance meets
+        its SLO waiting for the borrowers to free the floor, as lvf+ rotates nobody out
+        for it, and so does a floor recalled with no head waiting for it."""
+        memory, bb = self.memory, self.kv.block_bytes
+        lent: dict[str, int] = {}
+        self.owed = 0
+        for m in memory.bounds.floors:
+            unheld = memory.unheld_floor_bytes(m)
+            heads = self._heads(m)
+            if not unheld or not heads:
+                continue
+            free = memory.num_held_free_blocks(m)
+            floor = unheld // bb[m]
+            needs = [memory.blk(r) for r in heads]
+            if all(n > free + floor for n in needs):
+                running = self.queues[m].running.values()
+                growth = sum(self._full_blocks(r) for r in running) - sum(memory.blks(running))
+                lent[m] = unheld - growth * bb[m]
+                continue
+            fitting = [r for r, n in zip(heads, needs, strict=True) if free < n <= free + floor]
+            lags = vlts(fitting, now)
+            lagging = [r for r, lag in zip(fitting, lags, strict=True) if lag > 0.0]
+            lack = max(map(memory.blk, lagging), default=0) - memory.num_free_blocks(m)
+            self.owed += max(0, lack) * bb[m]
+        memory.lend_floors(lent)
+
+    def _full_blocks(self, r: Request) -> int:
+        """Blocks ``r`` holds at full length (every output token)."""
+        return self.memory.num_blocks(r.prompt_tokens + r.max_output_tokens)
+
+    def repay(self, plan: StepPlan, now: float) -> None:
+        """Give back what the models beyond their floor hold of the floors recalled
+        (``KVMemory.floor_debt``), up to what the heads waiting for them lack
+        (``owed``), less what the free blocks beyond those models' floors and their
+        copies in flight already give: their running requests are preempted, the most
+        indebted model's first, each as a decode out of blocks picks (``victim``), while
+        the model holds more than its floor. ``reclaim`` then returns the pages."""
+        memory = self.memory
+        debt = min(self.owed, memory.floor_debt()) if self.owed else 0
+        if not debt:
+            return
+        bb = self.kv.block_bytes
+        beyond = {m: memory.beyond_floor_bytes(m) for m in self.queues}
+        borrowers = sorted((m for m, n in beyond.items() if n > 0), key=beyond.__getitem__)
+        borrowers.reverse()  # the most indebted first
+        for m in borrowers:
+            debt -= memory.spare_bytes(m) + memory.num_incoming_blocks(m) * bb[m]
+        for m in borrowers:
+            q, owes = self.queues[m], beyond[m] - memory.spare_bytes(m)
+            while debt > 0 and owes > 0 and q.running:
+                r = self.preemptor.pick(q, now)
+                nbytes = self.kv.of((r,))[0]
+                self.preemptor.preempt(r, plan, q)
+                self.num_repayments += 1
+                debt, owes = debt - nbytes, owes - nbytes
 
     def add_starved(self, executing: Sequence[str], short: dict[str, int]) -> None:
         """Each executing model not yet ``short`` is short of what it is ``starved`` of,
@@ -90,8 +178,15 @@ class Capacity:
         step. One that did not gives back every empty chunk, so that the free pages, not
         rotation, serve the next steps' admissions. When every model holding free blocks
         is short itself, the most urgent one (``urgency``, as for turns) is served
-        and the others give back to it, or no one would ever get enough."""
+        and the others give back to it, or no one would ever get enough. Before all
+        that, what the floors recalled are owed (``KVMemory.floor_debt``) comes back
+        from the model with the most free blocks beyond its floor."""
         memory = self.memory
+        # Floors recalled first: the model holding the most free blocks beyond its floor
+        # gives them back, short itself or not (``repay`` preempted for them).
+        debt = memory.floor_debt()
+        if debt and (payers := [m for m in self.queues if memory.spare_bytes(m)]):
+            memory.compact(max(payers, key=memory.spare_bytes), debt)
         need = sum(short.values())
         others = [m for m in self.queues if m not in short]
         if len(short) > 1 and not any(map(memory.num_held_free_blocks, others)):

@@ -8,12 +8,12 @@ names (``Policy.passive_victim``; vLLM's rule, the latest arrival, by default).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from shunter.engine.memory.kv_memory import KVMemory
 from shunter.engine.plan import StepPlan
 from shunter.engine.request import Request, RequestState
-from shunter.engine.sched.preemption import preempt
+from shunter.engine.sched.preemption import Preemptor
 from shunter.engine.sched.pressure import KvBytes
 from shunter.engine.sched.queues import RequestQueues
 
@@ -24,9 +24,9 @@ class Decodes:
     """Reserves the blocks of a step's decodes (``batch.add_decodes`` batches them).
 
     ``num_passive_preemptions`` counts the preemptions decodes forced; every other
-    preemption is the policy's choice. ``swap``: preempted requests rotate out when
-    they can (``preemption = "swap"``), else recompute. ``victim(running, now)`` picks
-    the request a decode out of blocks preempts among its model's running ones.
+    preemption is the policy's choice. ``preemptor`` picks the request a decode out of
+    blocks preempts among its model's running ones, and rotates it out or drops it to
+    recompute.
     """
 
     def __init__(
@@ -34,15 +34,12 @@ class Decodes:
         memory: KVMemory,
         queues: Mapping[str, RequestQueues],
         kv: KvBytes,
-        *,
-        swap: bool,
-        victim: Callable[[Iterable[Request], float], Request],
+        preemptor: Preemptor,
     ) -> None:
         self.memory = memory
-        self.victim = victim
         self.queues = queues
         self.kv = kv
-        self.swap = swap
+        self.preemptor = preemptor
         self.num_passive_preemptions = 0
 
     def reserve(
@@ -60,7 +57,7 @@ class Decodes:
         in prefill, in running order, leaving out those whose swap-in copies are in
         flight (``sitting_out``). Out of blocks, a request waits for blocks already on
         their way (released by a preemption whose copies are in flight); if none are,
-        ``victim`` picks a running request of its model at ``now`` to preempt, possibly
+        ``preemptor`` picks a running request of its model at ``now`` to preempt, possibly
         the request itself, and its model is ``short`` of the victim's KV bytes (added
         to what ``short`` holds).
         """
@@ -105,9 +102,9 @@ class Decodes:
                 if incoming > 0:
                     incoming -= 1
                     break
-                victim = self.victim(q.running.values(), now)
+                victim = self.preemptor.pick(q, now)
                 short[model] = short.get(model, 0) + self.kv.of((victim,))[0]
-                preempt(victim, plan, memory, q, swap=self.swap)
+                self.preemptor.preempt(victim, plan, q)
                 self.num_passive_preemptions += 1
                 incoming = memory.num_incoming_blocks(model)
                 if victim is r:

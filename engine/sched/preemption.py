@@ -6,6 +6,8 @@ Passive preemption (a decode found no block, ``decodes``) and the policy's choic
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 from shunter.engine.memory.kv_memory import KVMemory
 from shunter.engine.plan import StepPlan
 from shunter.engine.request import Request, RequestState
@@ -28,3 +30,29 @@ def preempt(r: Request, plan: StepPlan, memory: KVMemory, q: RequestQueues, *, s
     memory.free(r)
     r.num_computed_tokens = 0
     q.move(r, WAITING)
+
+
+class Preemptor:
+    """Preemption for want of blocks, which the policy does not decide: a decode out of
+    blocks (``Decodes``) and a floor given back (``Capacity.repay``). ``victim(running,
+    now)`` picks the request to preempt among a model's running ones (the policy's
+    ``passive_victim``); ``swap`` as for ``preempt``."""
+
+    def __init__(
+        self,
+        memory: KVMemory,
+        *,
+        swap: bool,
+        victim: Callable[[Iterable[Request], float], Request],
+    ) -> None:
+        self.memory = memory
+        self.swap = swap
+        self.victim = victim
+
+    def pick(self, q: RequestQueues, now: float) -> Request:
+        """The request to preempt among ``q``'s running ones (some must run)."""
+        return self.victim(q.running.values(), now)
+
+    def preempt(self, r: Request, plan: StepPlan, q: RequestQueues) -> None:
+        """``preempt`` with this engine's ``swap``."""
+        preempt(r, plan, self.memory, q, swap=self.swap)

@@ -44,7 +44,7 @@ class KvBytes:
         ``Room.total``)."""
         memory = self.memory
         held, claims = self._held_and_claims(executing)
-        kept = {m: memory.unheld_floor_bytes(m) for m in self.queues}
+        kept = {m: memory.kept_floor_bytes(m) for m in self.queues}
         return Room(
             held=held,
             claims=claims,

@@ -28,6 +28,7 @@ from shunter.engine.sched.decodes import Decodes
 from shunter.engine.sched.first_tokens import FirstTokens
 from shunter.engine.sched.pacing import Pacing
 from shunter.engine.sched.policy import Policy
+from shunter.engine.sched.preemption import Preemptor
 from shunter.engine.sched.pressure import KvBytes
 from shunter.engine.sched.queues import RequestQueues
 from shunter.engine.sched.shares import fair_shares
@@ -46,7 +47,9 @@ class Scheduler:
          temporal turn holder).
       2. Remapping (with a remapper): the controller weighs the executing models' KV
          demand against the free KV and lends or restores weight frames.
-      3. Decode first (``Decodes.reserve``): each running request of an executing model
+      3. Models beyond their KV floor give back what they took of floors since
+         recalled: requests are preempted for it (``Capacity.repay``).
+         Decode first (``Decodes.reserve``): each running request of an executing model
          in decode gets a block for its next token, else passive preemption.
       4. The policy's decision, preemptions applied now (``Admission.decide``). LVF
          decides once over every executing model's requests (one VLT order, each
@@ -64,8 +67,9 @@ class Scheduler:
       6. Admissions in the decision's order (``Admission.fill``): waiting requests get
          blocks and a first prefill chunk; rotary requests are swapped in.
       7. The turn passes on when its holder could do nothing (``Turns.end_step``).
-         Eager rotation of SYNCED blocks. A model that ran short of blocks gets capacity from the
-         others (``Capacity.reclaim``).
+         Eager rotation of SYNCED blocks. The part of each KV floor its model cannot
+         use now is lent, the rest recalled (``Capacity.lend_floors``). A model that
+         ran short of blocks gets capacity from the others (``Capacity.reclaim``).
       8. Each batch entry's block table and tokens go into the plan, so the executor
          reads nothing but the plan.
       9. The plan's tokens count as computed and its samples as placeholders
@@ -119,11 +123,10 @@ class Scheduler:
         self.last_step_tokens: int | None = None
         self.num_recorded = 0  # tokens the last ``update`` gave requests
         swap = config.scheduler.preemption == "swap"
-        self.decodes = Decodes(
-            memory, self.queues, self.kv, swap=swap, victim=policy.passive_victim
-        )
+        preemptor = Preemptor(memory, swap=swap, victim=policy.passive_victim)
+        self.decodes = Decodes(memory, self.queues, self.kv, preemptor)
         self.pacing = Pacing(self.queues, self.tenancy) if policy.paces else None
-        self.capacity = Capacity(memory, self.queues, self.kv)
+        self.capacity = Capacity(self.kv, preemptor)
         self.admission = Admission(
             memory=memory,
             queues=self.queues,
@@ -311,6 +314,7 @@ class Scheduler:
         # Models paced out of this step keep their memory and their place: they only
         # batch nothing.
         stepping = executing if self.pacing is None else self.pacing.select(executing, now)
+        self.capacity.repay(plan, now)
         decodes, prefills = self.decodes.reserve(stepping, plan, sitting_out, short, now)
         admit = self.admission.decide(stepping, plan, now, self.config.xfer_budget_blocks)
         if not self.config.chunked_prefill:
@@ -324,6 +328,7 @@ class Scheduler:
                 )
             self.admission.fill(plan, prefills, admit, tokens, short, now)
         self.capacity.add_starved(executing, short)
+        self.capacity.lend_floors(now)
         self.turns.end_step(executing, plan, sitting_out, now)
         if self.remapper is not None:
             self.remapper.stream(plan)

@@ -27,7 +27,25 @@ def test_room_keeps_the_others_floors_and_its_own_ceiling() -> None:
     assert bounds.room("a", held, free=1000) == 1000  # b holds more than its floor
     assert bounds.room("b", held, free=1000) == 50  # its ceiling
     assert bounds.room("c", held, free=100) == 0
+    assert bounds.room("c", held, free=1000, lent={"a": 150}) == 950  # 50 of a's kept
+    assert bounds.room("c", held, free=1000, lent={"a": 500}) == 1000  # all of it lent
     assert KvBounds([TenantSpec("x")]).unbounded
+
+
+def test_a_floor_lent_then_recalled_is_owed_back() -> None:
+    block = TINY.block_bytes(4)  # one block per page in tiny_config
+    config = tiny_config(
+        kv_blocks=10, models=(TINY, OTHER), tenants=(TenantSpec("tiny", kv_floor=6 * block),)
+    )
+    memory = KVMemory(config)
+    assert memory.kept_floor_bytes("tiny") == 6 * block and memory.num_free_blocks("other") == 4
+    memory.lend_floors({"tiny": 2 * block})
+    assert memory.kept_floor_bytes("tiny") == 4 * block and memory.num_free_blocks("other") == 6
+    memory.allocate(request("r", 24, 4, model="other"))  # 6 blocks: 2 of tiny's floor
+    assert memory.floor_debt() == 0 and memory.beyond_floor_bytes("other") == 6 * block
+    memory.lend_floors({})  # recalled: 2 blocks owed back
+    assert memory.floor_debt() == 2 * block and memory.num_free_blocks("other") == 0
+    assert memory.num_free_blocks("tiny") == 4  # the free pages, all of them its floor's
 
 
 def test_pools_claim_within_floors_and_ceilings() -> None:

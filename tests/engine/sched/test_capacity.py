@@ -1,0 +1,98 @@
+"""KV capacity between models: floors lent while their model cannot use them, recalled
+and given back when it can (``sched/capacity.py``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from shunter.engine.config import SloSpec, TenantSpec
+from shunter.engine.core import EngineCore
+from shunter.engine.request import Request, RequestState
+from tests.engine.fakes import SLO, TINY, make_core, request, tiny_config
+
+OTHER = dataclasses.replace(TINY, name="other")
+BLOCK = TINY.block_bytes(4)  # one block per page in tiny_config
+TIGHT = SloSpec("tight", ttft_s=0.001, tbt_s=0.1)  # lags from its first step on
+
+
+def _core() -> EngineCore:
+    """12 blocks of KV: 8 are tiny's floor, 4 what "other" may always hold."""
+    config = tiny_config(
+        kv_blocks=12,
+        models=(TINY, OTHER),
+        tenants=(TenantSpec("tiny", kv_floor=8 * BLOCK),),
+        policy="fcfs",
+    )
+    return make_core(config)[0]
+
+
+def test_an_idle_model_lends_none_of_its_floor() -> None:
+    core = _core()
+    others = [request(f"o{i}", 8, 8, model="other") for i in range(3)]  # 4 blocks each
+    for r in others:
+        core.add_request(r)
+    while not core.is_idle():
+        core.step()
+        assert core.memory.held_bytes()["other"] <= 4 * BLOCK
+    assert all(r.num_output_tokens == 8 for r in others)
+
+
+def _lend_to_other(core: EngineCore, slo: SloSpec) -> tuple[Request, list[Request]]:
+    """While tiny's running request holds part of its floor, its waiting 8-block request
+    (of ``slo``) fits neither its free blocks nor the floor: tiny lends what the running
+    one does not need, and "other" runs a second request in it. Returns the waiting
+    request and other's two, once tiny's running request has finished."""
+    memory = core.memory
+    running = request("running", 4, 6)
+    whole_floor = dataclasses.replace(request("whole-floor", 30, 2), slo=slo)  # 8 blocks
+    borrowers = [request("o1", 8, 8, model="other"), request("o2", 4, 12, model="other")]
+    core.add_request(running)
+    core.add_request(borrowers[0])
+    core.step()
+    core.add_request(whole_floor)
+    core.add_request(borrowers[1])
+    lent = 0
+    while running.state is not RequestState.FINISHED:
+        core.step()
+        lent = max(lent, memory.held_bytes()["other"])
+        assert whole_floor.state is RequestState.WAITING
+    assert lent > 4 * BLOCK  # beyond what "other" may always hold
+    return whole_floor, borrowers
+
+
+def test_a_floor_a_lagging_request_needs_is_given_back_by_preemption() -> None:
+    """Once tiny's running request finishes, the waiting one fits the floor, and it lags
+    (its TTFT tolerance is spent): the floor is recalled, "other" is preempted for what
+    it took, and tiny's request runs two steps later."""
+    core = _core()
+    capacity = core.scheduler.capacity
+    whole_floor, borrowers = _lend_to_other(core, TIGHT)
+    assert capacity.num_repayments == 0
+    for _ in range(3):
+        core.step()
+    assert whole_floor.state is not RequestState.WAITING
+    assert capacity.num_repayments == 1
+    assert any(r.state is RequestState.ROTARY for r in borrowers)
+    assert core.memory.held_bytes()["other"] <= 4 * BLOCK
+    while not core.is_idle():
+        core.step()
+    assert whole_floor.num_output_tokens == 2
+    assert [r.num_output_tokens for r in borrowers] == [8, 12]
+
+
+def test_a_request_within_its_tolerance_waits_for_the_borrowers_to_finish() -> None:
+    """The same, but the waiting request meets its TTFT waiting: the floor is recalled
+    (nobody borrows more of it) and comes back as "other" frees it, nobody preempted."""
+    core = _core()
+    whole_floor, borrowers = _lend_to_other(core, SLO)
+    core.step()  # the first step to find tiny's request finished recalls the floor
+    held = core.memory.held_bytes()["other"]
+    while whole_floor.state is RequestState.WAITING:
+        core.step()
+        assert core.memory.held_bytes()["other"] <= held  # it borrows no more
+        held = core.memory.held_bytes()["other"]
+    assert core.scheduler.capacity.num_repayments == 0
+    assert all(r.num_preemptions == 0 for r in borrowers)
+    while not core.is_idle():
+        core.step()
+    assert whole_floor.num_output_tokens == 2
