@@ -37,6 +37,20 @@ def test_an_idle_model_lends_none_of_its_floor() -> None:
     assert all(r.num_output_tokens == 8 for r in others)
 
 
+def test_a_floor_its_running_requests_may_grow_into_is_not_lent() -> None:
+    """With only a running request (no waiting head stranded), tiny lends nothing: its
+    request may grow into any of the floor."""
+    core = _core()
+    core.add_request(request("running", 4, 20))  # 6 blocks at full length
+    others = [request("o1", 8, 8, model="other"), request("o2", 4, 12, model="other")]
+    for r in others:
+        core.add_request(r)
+    while not core.is_idle():
+        core.step()
+        assert core.memory.held_bytes()["other"] <= 4 * BLOCK
+    assert [r.num_output_tokens for r in others] == [8, 12]
+
+
 def _lend_to_other(core: EngineCore, slo: SloSpec) -> tuple[Request, list[Request]]:
     """While tiny's running request holds part of its floor, its waiting 8-block request
     (of ``slo``) fits neither its free blocks nor the floor: tiny lends what the running
