@@ -118,8 +118,9 @@ class Capacity:
         (``KVMemory.floor_debt``), up to what the heads waiting for them lack
         (``owed``), less what the free blocks beyond those models' floors and their
         copies in flight already give: their running requests are preempted, the most
-        indebted model's first, each as a decode out of blocks picks (``victim``), while
-        the model holds more than its floor. ``reclaim`` then returns the pages."""
+        indebted model's first, each as a decode out of blocks picks it
+        (``Preemptor.pick``), while the model holds more than its floor. ``reclaim``
+        then returns the pages."""
         memory = self.memory
         debt = min(self.owed, memory.floor_debt()) if self.owed else 0
         if not debt:
