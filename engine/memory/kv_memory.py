@@ -155,9 +155,19 @@ class KVMemory(Relocation):
         return self._beyond_floor(model) > 0
 
     def unheld_floor_bytes(self, model: str) -> int:
-        """Bytes of the model's floor it does not hold: free pages kept for it, but for
-        what it lends (``lend_floors``)."""
+        """Bytes of the model's floor it does not hold, lent or not (``kept_floor_bytes``
+        is what others may not take of it)."""
         return max(0, -self._beyond_floor(model))
+
+    def unheld_floor_blocks(self, model: str) -> int:
+        """``unheld_floor_bytes`` in the blocks its pool could place there: whole chunks
+        of them, as a pool claims pages."""
+        pool = self._pools[model]
+        return self.unheld_floor_bytes(model) // pool.chunk_bytes * pool.blocks_per_chunk
+
+    def num_held_blocks(self, model: str) -> int:
+        """Blocks in the chunks the model's pool holds, used or free."""
+        return self._pools[model].num_held
 
     def kept_floor_bytes(self, model: str) -> int:
         """Bytes of the model's unheld floor that no other model may take now: what it
@@ -171,8 +181,9 @@ class KVMemory(Relocation):
         self._lent = {m: n for m, n in lent.items() if n > 0}
 
     def floor_debt(self) -> int:
-        """Bytes the floors keep beyond the free pages: what models holding more than
-        their floor took of floors since recalled, and must give back."""
+        """Bytes the kept floors lack of the free pages: what models holding more than
+        their floor took of floors lent and since recalled (or what layers restored
+        into their frames took), and must give back."""
         kept = sum(self.kept_floor_bytes(m) for m in self.bounds.floors)
         return max(0, kept - self.free_page_bytes)
 
@@ -758,6 +769,7 @@ class KVMemory(Relocation):
         del self._pools[model], self.weights[model]
         del self._block_bytes[model], self._one_block[model]
         self._moved_into.pop(model, None)
+        self._lent.pop(model, None)  # a model added again under its name lends nothing yet
 
     def remapped_layers(self, model: str) -> list[int]:
         """The decoder layers of ``model`` with a page that does not hold their weights

@@ -8,14 +8,16 @@ for its turn. At the end of the step, ``reclaim`` moves capacity to them: the ot
 model with the most free blocks gives chunks back, or compacts.
 
 A KV floor its model cannot use is lent (``lend_floors``): when every head of a model's
-queues needs more than its free blocks and its whole unheld floor, it waits for its own
-running requests to finish, and what they free serves it, not the floor. Kept idle, that
+queues needs more than its free blocks and its whole unheld floor, but no more than its
+own memory and that floor, it waits for its own running requests to finish, and what
+they free serves it, not the floor. Kept idle, that
 floor made the other models queue beside it (SIMULATED, ``bench isolation --on sim
 --scenario c2``: OPT-30B's 1,469-token prompts needed 2.0 GB, its unheld floor was 0.32
 GB, and the victim's 443-token prompt waited 7.3 s for memory its own 1.03 GB floor no
 longer had). A floor is recalled as soon as it would make a head fit, and when that head
 lags, what it lacks is given back at the next step (``repay``): the models beyond their
-floor are preempted for it, as a decode out of blocks preempts.
+floor are preempted for it, as a decode out of blocks preempts, but never below their
+own floor.
 """
 
 from __future__ import annotations
@@ -43,7 +45,6 @@ class Capacity:
         self.kv = kv
         self.preemptor = preemptor
         self.num_repayments = 0  # requests preempted to give lent floors back
-        self.owed = 0  # bytes the heads waiting for recalled floors lack (``lend_floors``)
 
     def _heads(self, model: str) -> list[Request]:
         """The heads of the model's queues (``starved``): the first waiting request, the
@@ -73,45 +74,56 @@ class Capacity:
         lacks = [self.lack(r) for r in self._heads(model) if self.memory.blk(r) > free]
         return max(lacks, default=0)
 
-    def lend_floors(self, now: float) -> None:
+    def lend_floors(self) -> None:
         """Lend the part of each floor stranded now (module docstring): a model whose
-        every queue head needs more than its free blocks and its whole unheld floor
-        together lends that unheld floor less what its running requests may still grow
-        into (their blocks at full length beyond those they hold). A model whose head
-        fits its free blocks, or with no head (idle, or only running), lends nothing:
-        its next request finds its floor.
-
-        A model whose head the unheld floor would make fit is ``owed`` what that head
-        lacks beyond the free blocks it may take now, if the head lags (VLT > 0):
-        ``repay`` preempts for that much, and no more. A head within its tolerance meets
-        its SLO waiting for the borrowers to free the floor, as lvf+ rotates nobody out
-        for it, and so does a floor recalled with no head waiting for it."""
+        every queue head needs more than it may take now (its free blocks, and its
+        unheld floor were it kept) and no more than its held blocks and its unheld floor
+        (what its own running requests leave it once they finish) lends that unheld
+        floor less what its running requests may still grow into (their blocks at full
+        length beyond those they hold). A model whose head fits, or with no head (idle,
+        or only running), lends nothing: its next request finds its floor. Nor does one
+        with a head that needs more than its own memory and floor: that head needs the
+        floor and more besides."""
         memory, bb = self.memory, self.kv.block_bytes
         lent: dict[str, int] = {}
-        self.owed = 0
         for m in memory.bounds.floors:
             unheld = memory.unheld_floor_bytes(m)
             heads = self._heads(m)
             if not unheld or not heads:
                 continue
-            free = memory.num_held_free_blocks(m)
-            floor = unheld // bb[m]
-            needs = [memory.blk(r) for r in heads]
-            if all(n > free + floor for n in needs):
+            floor = memory.unheld_floor_blocks(m)
+            fits = max(memory.num_free_blocks(m), memory.num_held_free_blocks(m) + floor)
+            own = memory.num_held_blocks(m) + floor
+            if all(fits < memory.blk(r) <= own for r in heads):
                 running = self.queues[m].running.values()
                 growth = sum(self._full_blocks(r) for r in running) - sum(memory.blks(running))
                 lent[m] = unheld - growth * bb[m]
-                continue
-            fitting = [r for r, n in zip(heads, needs, strict=True) if free < n <= free + floor]
-            lags = vlts(fitting, now)
-            lagging = [r for r, lag in zip(fitting, lags, strict=True) if lag > 0.0]
-            lack = max(map(memory.blk, lagging), default=0) - memory.num_free_blocks(m)
-            self.owed += max(0, lack) * bb[m]
         memory.lend_floors(lent)
 
     def _full_blocks(self, r: Request) -> int:
         """Blocks ``r`` holds at full length (every output token)."""
         return self.memory.num_blocks(r.prompt_tokens + r.max_output_tokens)
+
+    def owed(self, now: float) -> int:
+        """KV bytes the lagging heads (VLT > 0) that their model's unheld floor would
+        make fit lack beyond the free blocks they may take now: what ``repay`` preempts
+        for. A head within its tolerance meets its SLO waiting for the borrowers to free
+        the floor, as lvf+ rotates nobody out for it, and so does a floor recalled with
+        no head waiting for it."""
+        memory, bb = self.memory, self.kv.block_bytes
+        owed = 0
+        for m in memory.bounds.floors:
+            heads = self._heads(m)
+            if not heads or not memory.unheld_floor_bytes(m):
+                continue
+            free = memory.num_free_blocks(m)
+            floor = memory.num_held_free_blocks(m) + memory.unheld_floor_blocks(m)
+            fitting = [r for r in heads if free < memory.blk(r) <= floor]
+            lags = vlts(fitting, now)
+            lagging = [r for r, lag in zip(fitting, lags, strict=True) if lag > 0.0]
+            if lagging:
+                owed += (max(map(memory.blk, lagging)) - free) * bb[m]
+        return owed
 
     def repay(self, plan: StepPlan, now: float) -> None:
         """Give back what the models beyond their floor hold of the floors recalled
@@ -119,10 +131,12 @@ class Capacity:
         (``owed``), less what the free blocks beyond those models' floors and their
         copies in flight already give: their running requests are preempted, the most
         indebted model's first, each as a decode out of blocks picks it
-        (``Preemptor.pick``), while the model holds more than its floor. ``reclaim``
+        (``Preemptor.pick``) among those that leave the model its floor. ``reclaim``
         then returns the pages."""
         memory = self.memory
-        debt = min(self.owed, memory.floor_debt()) if self.owed else 0
+        debt = memory.floor_debt()
+        if debt:
+            debt = min(debt, self.owed(now))
         if not debt:
             return
         bb = self.kv.block_bytes
@@ -133,12 +147,18 @@ class Capacity:
             debt -= memory.spare_bytes(m) + memory.num_incoming_blocks(m) * bb[m]
         for m in borrowers:
             q, owes = self.queues[m], beyond[m] - memory.spare_bytes(m)
-            while debt > 0 and owes > 0 and q.running:
-                r = self.preemptor.pick(q, now)
-                nbytes = self.kv.of((r,))[0]
+            while debt > 0:
+                # Within what the model holds beyond its floor: a request its floor
+                # keeps is not preempted for another model's.
+                running = list(q.running.values())
+                held = dict(zip(running, self.kv.of(running), strict=True))
+                fitting = [r for r, n in held.items() if n <= owes]
+                if not fitting:
+                    break
+                r = self.preemptor.pick(fitting, now)
                 self.preemptor.preempt(r, plan, q)
                 self.num_repayments += 1
-                debt, owes = debt - nbytes, owes - nbytes
+                debt, owes = debt - held[r], owes - held[r]
 
     def add_starved(self, executing: Sequence[str], short: dict[str, int]) -> None:
         """Each executing model not yet ``short`` is short of what it is ``starved`` of,

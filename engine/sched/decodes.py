@@ -102,7 +102,7 @@ class Decodes:
                 if incoming > 0:
                     incoming -= 1
                     break
-                victim = self.preemptor.pick(q, now)
+                victim = self.preemptor.pick(q.running.values(), now)
                 short[model] = short.get(model, 0) + self.kv.of((victim,))[0]
                 self.preemptor.preempt(victim, plan, q)
                 self.num_passive_preemptions += 1

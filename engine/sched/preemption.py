@@ -49,9 +49,9 @@ class Preemptor:
         self.swap = swap
         self.victim = victim
 
-    def pick(self, q: RequestQueues, now: float) -> Request:
-        """The request to preempt among ``q``'s running ones (some must run)."""
-        return self.victim(q.running.values(), now)
+    def pick(self, running: Iterable[Request], now: float) -> Request:
+        """The request to preempt among ``running`` (not empty)."""
+        return self.victim(running, now)
 
     def preempt(self, r: Request, plan: StepPlan, q: RequestQueues) -> None:
         """``preempt`` with this engine's ``swap``."""

@@ -328,7 +328,7 @@ class Scheduler:
                 )
             self.admission.fill(plan, prefills, admit, tokens, short, now)
         self.capacity.add_starved(executing, short)
-        self.capacity.lend_floors(now)
+        self.capacity.lend_floors()
         self.turns.end_step(executing, plan, sitting_out, now)
         if self.remapper is not None:
             self.remapper.stream(plan)

@@ -48,6 +48,18 @@ def test_a_floor_lent_then_recalled_is_owed_back() -> None:
     assert memory.num_free_blocks("tiny") == 4  # the free pages, all of them its floor's
 
 
+def test_a_model_served_again_lends_nothing_of_its_floor_yet() -> None:
+    block = TINY.block_bytes(4)
+    config = tiny_config(
+        kv_blocks=10, models=(TINY, OTHER), tenants=(TenantSpec("tiny", kv_floor=6 * block),)
+    )
+    memory = KVMemory(config)
+    memory.lend_floors({"tiny": 2 * block})
+    memory.remove_model("tiny")
+    memory.add_model(TINY)
+    assert memory.kept_floor_bytes("tiny") == 6 * block and memory.num_free_blocks("other") == 4
+
+
 def test_pools_claim_within_floors_and_ceilings() -> None:
     block = TINY.block_bytes(4)  # one block per page in tiny_config
     config = tiny_config(

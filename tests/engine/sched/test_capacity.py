@@ -51,6 +51,48 @@ def test_a_floor_its_running_requests_may_grow_into_is_not_lent() -> None:
     assert [r.num_output_tokens for r in others] == [8, 12]
 
 
+def test_a_floor_lent_keeps_what_its_running_requests_may_grow_into() -> None:
+    """tiny's waiting request is stranded, so tiny lends its unheld floor, but not the
+    blocks its running request will hold at full length: that request grows to the end
+    without being preempted."""
+    core = _core()
+    memory = core.memory
+    grows = request("grows", 4, 20)  # 6 blocks at full length
+    core.add_request(grows)
+    core.add_request(request("o1", 8, 8, model="other"))
+    core.step()
+    core.add_request(request("whole-floor", 30, 2))  # 8 blocks
+    for i in (2, 3):
+        core.add_request(request(f"o{i}", 4, 12, model="other"))  # 4 blocks each
+    lent = False
+    while not core.is_idle():
+        core.step()
+        lent = lent or memory.kept_floor_bytes("tiny") < memory.unheld_floor_bytes("tiny")
+    assert lent
+    assert grows.num_preemptions == 0
+    assert grows.num_output_tokens == 20
+
+
+def test_a_head_that_needs_more_than_its_own_memory_and_floor_keeps_the_floor() -> None:
+    """Nothing of tiny runs and its 10-block request needs its whole 8-block floor and
+    more: the floor is not stranded, so tiny lends none of it, and "other" holds no more
+    than the 4 blocks beyond it while that request waits."""
+    core = _core()
+    first = request("o0", 12, 4, model="other")  # 3-4 blocks: tiny's request cannot fit
+    core.add_request(first)
+    core.step()
+    big = request("big", 36, 2)  # 10 blocks
+    core.add_request(big)
+    for i in (1, 2):
+        core.add_request(request(f"o{i}", 12, 4, model="other"))
+    while big.state is RequestState.WAITING:
+        core.step()
+        assert core.memory.held_bytes()["other"] <= 4 * BLOCK
+    while not core.is_idle():
+        core.step()
+    assert big.num_output_tokens == 2
+
+
 def _lend_to_other(core: EngineCore, slo: SloSpec) -> tuple[Request, list[Request]]:
     """While tiny's running request holds part of its floor, its waiting 8-block request
     (of ``slo``) fits neither its free blocks nor the floor: tiny lends what the running
@@ -110,3 +152,47 @@ def test_a_request_within_its_tolerance_waits_for_the_borrowers_to_finish() -> N
     while not core.is_idle():
         core.step()
     assert whole_floor.num_output_tokens == 2
+
+
+def test_a_lagging_request_aborted_before_its_floor_is_repaid_costs_nobody_a_preemption() -> None:
+    """The floor is recalled for tiny's lagging request, which is then aborted before
+    the next step: nothing is owed any more, so nobody is preempted."""
+    core = _core()
+    whole_floor, borrowers = _lend_to_other(core, TIGHT)
+    core.step()  # recalls the floor: the lagging request would fit it
+    core.abort(whole_floor.id)
+    for _ in range(3):
+        core.step()
+    assert core.scheduler.capacity.num_repayments == 0
+    assert all(r.num_preemptions == 0 for r in borrowers)
+
+
+def test_a_floor_is_repaid_by_preempting_only_what_the_borrower_holds_beyond_its_own() -> None:
+    """The "other" model (a 6-block floor) borrowed tiny's floor for a later request; when tiny's
+    lagging request is owed the floor, the request preempted is one that fits in what
+    "other" holds beyond its floor (4 blocks), not the latest arrival (6-7 blocks), whose
+    preemption would take "other" below its own floor."""
+    config = tiny_config(
+        kv_blocks=16,
+        models=(TINY, OTHER),
+        tenants=(TenantSpec("tiny", kv_floor=8 * BLOCK), TenantSpec("other", kv_floor=6 * BLOCK)),
+        policy="fcfs",
+    )
+    core, clock = make_core(config)
+    early = request("early", 8, 14, model="other")
+    for r in (request("running", 4, 6), early, request("filler", 16, 3, model="other")):
+        core.add_request(r)
+    core.step()
+    whole_floor = dataclasses.replace(request("whole-floor", 30, 2), slo=TIGHT)  # 8 blocks
+    core.add_request(whole_floor)
+    core.step()
+    late = request("late", 20, 12, t_arr=clock.now() + 1e-6, model="other")  # 5-8 blocks
+    core.add_request(late)
+    while whole_floor.state is RequestState.WAITING:
+        core.step()
+    assert core.scheduler.capacity.num_repayments == 1
+    assert early.num_preemptions == 1
+    assert late.num_preemptions == 0
+    while not core.is_idle():
+        core.step()
+    assert [r.num_output_tokens for r in (whole_floor, early, late)] == [2, 14, 12]
