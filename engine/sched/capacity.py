@@ -193,15 +193,15 @@ class Capacity:
         vacating_bytes: int,
     ) -> None:
         """Move capacity to the models that ran ``short`` and to ``vacating_bytes`` of
-        frames being restored: the other model with the most free blocks compacts (one
-        a step: moves cost copies). A model that executed gives back what they lack and
-        no more: it would claim the rest again, chunks thrashing between pools every
-        step. One that did not gives back every empty chunk, so that the free pages, not
-        rotation, serve the next steps' admissions. When every model holding free blocks
-        is short itself, the most urgent one (``urgency``, as for turns) is served
-        and the others give back to it, or no one would ever get enough. Before all
-        that, what the floors recalled are owed (``KVMemory.floor_debt``) comes back
-        from the model with the most free blocks beyond its floor."""
+        frames being restored: the other model with the most free blocks compacts (one donor
+        a step for them, besides the recalled floors' own: moves cost copies). A model that
+        executed gives back what they lack and no more: it would claim the rest again,
+        chunks thrashing between pools every step. One that did not gives back every empty
+        chunk, so that the free pages, not rotation, serve the next steps' admissions. When
+        every model holding free blocks is short itself, the most urgent one (``urgency``,
+        as for turns) is served and the others give back to it, or no one would ever get
+        enough. Before all that, what the floors recalled are owed (``KVMemory.floor_debt``)
+        comes back from the model with the most free blocks beyond its floor."""
         memory = self.memory
         # Floors recalled first: the model holding the most free blocks beyond its floor
         # gives them back, short itself or not (``repay`` preempted for them).
