@@ -96,6 +96,11 @@ class Request:
         return self.prompt_tokens + self.num_output_tokens + self.num_output_placeholders
 
     @property
+    def max_num_tokens(self) -> int:
+        """Prompt plus every output token it may sample: its context at full length."""
+        return self.prompt_tokens + self.max_output_tokens
+
+    @property
     def num_sampled(self) -> int:
         """Output tokens sampled or being sampled by a planned step."""
         return self.num_output_tokens + self.num_output_placeholders

@@ -704,7 +704,7 @@ class KVMemory(Relocation):
                 )
         for r in requests:
             pool = self._pools[r.model]
-            need = self.num_blocks(r.prompt_tokens + r.max_output_tokens) * pool.block_bytes
+            need = self.num_blocks(r.max_num_tokens) * pool.block_bytes
             others = sum(f for m, f in floors.items() if m != r.model)
             room = max(0, kv_bytes - others) // pool.chunk_bytes * pool.chunk_bytes
             if need > room:

@@ -91,18 +91,19 @@ class Capacity:
             heads = self._heads(m)
             if not unheld or not heads:
                 continue
-            floor = memory.unheld_floor_blocks(m)
-            fits = max(memory.num_free_blocks(m), memory.num_held_free_blocks(m) + floor)
-            own = memory.num_held_blocks(m) + floor
+            fits = max(memory.num_free_blocks(m), self._with_floor(m))
+            own = memory.num_held_blocks(m) + memory.unheld_floor_blocks(m)
             if all(fits < memory.blk(r) <= own for r in heads):
                 running = self.queues[m].running.values()
-                growth = sum(self._full_blocks(r) for r in running) - sum(memory.blks(running))
-                lent[m] = unheld - growth * bb[m]
+                full = sum(memory.num_blocks(r.max_num_tokens) for r in running)
+                lent[m] = unheld - (full - sum(memory.blks(running))) * bb[m]
         memory.lend_floors(lent)
 
-    def _full_blocks(self, r: Request) -> int:
-        """Blocks ``r`` holds at full length (every output token)."""
-        return self.memory.num_blocks(r.prompt_tokens + r.max_output_tokens)
+    def _with_floor(self, model: str) -> int:
+        """Blocks the model could place with its unheld floor kept: its free blocks and
+        that floor."""
+        memory = self.memory
+        return memory.num_held_free_blocks(model) + memory.unheld_floor_blocks(model)
 
     def owed(self, now: float) -> int:
         """KV bytes the lagging heads (VLT > 0) that their model's unheld floor would
@@ -116,8 +117,7 @@ class Capacity:
             heads = self._heads(m)
             if not heads or not memory.unheld_floor_bytes(m):
                 continue
-            free = memory.num_free_blocks(m)
-            floor = memory.num_held_free_blocks(m) + memory.unheld_floor_blocks(m)
+            free, floor = memory.num_free_blocks(m), self._with_floor(m)
             fitting = [r for r in heads if free < memory.blk(r) <= floor]
             lags = vlts(fitting, now)
             lagging = [r for r, lag in zip(fitting, lags, strict=True) if lag > 0.0]
@@ -147,18 +147,19 @@ class Capacity:
             debt -= memory.spare_bytes(m) + memory.num_incoming_blocks(m) * bb[m]
         for m in borrowers:
             q, owes = self.queues[m], beyond[m] - memory.spare_bytes(m)
+            running = list(q.running.values())
+            held = dict(zip(running, self.kv.of(running), strict=True))
             while debt > 0:
                 # Within what the model holds beyond its floor: a request its floor
                 # keeps is not preempted for another model's.
-                running = list(q.running.values())
-                held = dict(zip(running, self.kv.of(running), strict=True))
                 fitting = [r for r, n in held.items() if n <= owes]
                 if not fitting:
                     break
                 r = self.preemptor.pick(fitting, now)
                 self.preemptor.preempt(r, plan, q)
                 self.num_repayments += 1
-                debt, owes = debt - held[r], owes - held[r]
+                nbytes = held.pop(r)
+                debt, owes = debt - nbytes, owes - nbytes
 
     def add_starved(self, executing: Sequence[str], short: dict[str, int]) -> None:
         """Each executing model not yet ``short`` is short of what it is ``starved`` of,

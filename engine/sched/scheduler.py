@@ -169,7 +169,7 @@ class Scheduler:
             raise ValueError(f"request {request.id!r} already exists")
         if request.state is not WAITING or request.num_computed_tokens:
             raise ValueError(f"request {request.id!r} must arrive WAITING with no KV")
-        tokens = request.prompt_tokens + request.max_output_tokens
+        tokens = request.max_num_tokens
         if not self.config.chunked_prefill and tokens > self._prompt_tokens[request.model]:
             # A recompute prefills the whole context in one step.
             raise ValueError(
@@ -221,7 +221,7 @@ class Scheduler:
         bounds = KvBounds(specs)
         memory = self.memory
         for r in self.requests.values():
-            beyond = memory.out_of_reach(r.model, r.prompt_tokens + r.max_output_tokens, bounds)
+            beyond = memory.out_of_reach(r.model, r.max_num_tokens, bounds)
             if beyond is not None:
                 raise ValueError(
                     f"request {r.id!r} needs {beyond[0]} KV blocks; model {r.model!r} would "
