@@ -16,7 +16,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
@@ -25,7 +25,17 @@ from shunter.gateway.db import DATABASE_DOWN, submit_db
 from shunter.gateway.spool import PendingRecord, RecordSpool, SpoolReplayer
 from shunter.gateway.ttl_cache import TtlCache
 
+if TYPE_CHECKING:
+    from shunter.tenants.models import RequestRecord
+
 log = logging.getLogger("shunter.gateway")
+
+# How long a batch of records waits for the requests on their way to their first token
+# (``starting``): their TTFT is the gateway's critical path, and a batch's writing holds
+# the interpreter for a millisecond or more, on hosts with a core or two. A second is
+# invisible in rollups kept per minute; under a steady stream of arrivals, batches
+# are written once a second.
+RECORD_DEFER_S = 1.0
 
 # As long as the key cache: a deleted row is noticed as soon as a revoked key is.
 ROW_CACHE_S = 3.0
@@ -39,12 +49,12 @@ def _row(kind: str, pk: int, load: Callable[[], Any]) -> Any:
     return rows.get_blocking((kind, pk), load)
 
 
-def write_record(record: PendingRecord) -> None:
-    """Write one RequestRecord (database threads), once per key; rows deleted meanwhile
-    stay null."""
+def built_record(record: PendingRecord) -> RequestRecord | None:
+    """The RequestRecord to write for ``record`` (database threads); None when its tenant
+    was deleted meanwhile. Other rows deleted meanwhile stay null."""
     from shunter.platform.models import Deployment
     from shunter.tenants.models import ApiKey, Tenant
-    from shunter.tenants.services import request_record_create
+    from shunter.tenants.services import request_record_build
 
     tenant = _row(
         "tenant",
@@ -54,14 +64,14 @@ def write_record(record: PendingRecord) -> None:
         ),
     )
     if tenant is None:
-        return
+        return None
     api_key = _row("key", record.api_key_id, ApiKey.objects.filter(pk=record.api_key_id).first)
     deployment = _row(
         "deployment",
         record.deployment_id,
         Deployment.objects.select_related("slo_class").filter(pk=record.deployment_id).first,
     )
-    request_record_create(
+    return request_record_build(
         tenant=tenant,
         api_key=api_key,
         deployment=deployment,
@@ -76,24 +86,20 @@ class NotCommitted(Exception):
 
 
 def write_records(batch: list[PendingRecord]) -> list[BaseException | None]:
-    """Write ``batch`` in one transaction, a savepoint each (a record that fails loses
-    no other); each record's error, or None. A batch that does not commit fails every
-    record with ``NotCommitted``."""
-    from django.db import IntegrityError, transaction
+    """Write ``batch`` in one transaction; each record's error, or None. A batch that
+    does not commit fails every record with ``NotCommitted``.
 
-    errors: list[BaseException | None] = []
+    The records go in one insert, their rollups in one update per row
+    (``request_records_create``), in a savepoint. If a record fails that (its key
+    written already, its data refused), each is written again in a savepoint of its
+    own, so that a record that fails loses no other."""
+    from django.db import transaction
+
     try:
         with transaction.atomic():
-            for record in batch:
-                try:
-                    with transaction.atomic():
-                        write_record(record)
-                    errors.append(None)
-                except IntegrityError as e:
-                    # Its key was written by another writer meanwhile: not twice.
-                    errors.append(None if _key_taken(record) else e)
-                except Exception as e:
-                    errors.append(e)
+            errors = _write_together(batch) if len(batch) > 1 else None
+            if errors is None:
+                errors = [_write_alone(record) for record in batch]
     except Exception as e:
         # A deferred constraint fails at the commit (a row deleted after it was cached):
         # read the rows again before the next try.
@@ -102,6 +108,41 @@ def write_records(batch: list[PendingRecord]) -> list[BaseException | None]:
         lost.__cause__ = e
         errors = [lost] * len(batch)
     return errors
+
+
+def _write_together(batch: list[PendingRecord]) -> list[BaseException | None] | None:
+    """Every record of ``batch`` in one insert (``request_records_create``'s savepoint):
+    each one's None, or None when any failed it. An unreachable database fails the
+    batch."""
+    from shunter.tenants.services import request_records_create
+
+    try:
+        request_records_create([r for r in map(built_record, batch) if r is not None])
+    except DATABASE_DOWN:
+        raise
+    except Exception:
+        return None
+    return [None] * len(batch)
+
+
+def _write_alone(record: PendingRecord) -> BaseException | None:
+    """Write one record in a savepoint of its own; its error, or None. A record whose
+    key another writer wrote meanwhile is written: not twice."""
+    from django.db import IntegrityError
+
+    from shunter.tenants.services import request_records_create
+
+    try:
+        built = built_record(record)
+        if built is not None:
+            request_records_create([built])
+    except IntegrityError as e:
+        return None if _key_taken(record) else e
+    except DATABASE_DOWN:
+        raise
+    except Exception as e:
+        return e
+    return None
 
 
 def _key_taken(record: PendingRecord) -> bool:
@@ -123,12 +164,42 @@ def replay_records(batch: list[PendingRecord]) -> None:
             log.error("spooled record %s refused, dropped: %r", record.record_key, error)
 
 
+class Starting:
+    """Requests on their way to their first byte of output (the gateway's critical
+    path), counted on the event loop and waited for on the database threads: the
+    records' writer waits until none is (``wait_idle``)."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._idle = threading.Condition()
+
+    def __enter__(self) -> None:
+        with self._idle:
+            self._count += 1
+
+    def __exit__(self, *_: object) -> None:
+        with self._idle:
+            self._count -= 1
+            if not self._count:
+                self._idle.notify_all()
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Block until no request is starting, at most ``timeout_s``; whether none is."""
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._count, timeout_s)
+
+
+starting = Starting()
+
+
 class RecordWriter:
     """Writes RequestRecords in batches on the gateway's database threads: one job at a
-    time takes every record waiting, in one transaction (a savepoint each, so that a
-    record that fails loses no other); the records that end meanwhile wait for the next.
+    time takes every record waiting, in one transaction (``write_records``: one insert,
+    or a savepoint each when a record fails that); the records that end meanwhile wait
+    for the next.
     A request's record costs one commit per batch instead of one each, and one thread
-    hop.
+    hop. A batch waits while requests are starting (``starting``), for at most
+    ``RECORD_DEFER_S``, so that its writing does not delay their first tokens.
 
     Each record gets its idempotency key when it is queued. Records of a batch that did
     not commit, or that the database could not take (unreachable), go to the spool
@@ -185,6 +256,7 @@ class RecordWriter:
 
     def _write(self) -> None:
         while True:
+            starting.wait_idle(RECORD_DEFER_S)
             with self._lock:
                 batch, self._waiting = self._waiting, []
                 if not batch:

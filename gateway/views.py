@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Coroutine, Mapping
+from datetime import datetime
 from typing import Any
 from urllib.parse import unquote
 
@@ -32,6 +33,7 @@ from shunter.gateway.demand import demand_of
 from shunter.gateway.errors import ApiError, bad_request, model_not_found
 from shunter.gateway.proxy import Exchange
 from shunter.gateway.quotas import QuotaUnavailable, quota_limiter
+from shunter.gateway.records import starting
 from shunter.gateway.replies import (
     GatewayRequest,
     Reply,
@@ -134,6 +136,15 @@ async def generate_reply(request: GatewayRequest, endpoint: str, name: str | Non
     """A chat or completions request, from authentication to the engine's answer."""
     t0 = time.perf_counter()
     arrival = timezone.now()
+    # Until its first bytes of output are here (a stream's head, a whole answer) the
+    # request is on the gateway's critical path: the records' writes wait.
+    with starting:
+        return await _generate(request, endpoint, name, t0, arrival)
+
+
+async def _generate(
+    request: GatewayRequest, endpoint: str, name: str | None, t0: float, arrival: datetime
+) -> Reply:
     request_id = request_id_of(request.headers)
     headers: dict[str, str] = {}
     try:

@@ -268,7 +268,26 @@ def slo_flags(
 
 
 @transaction.atomic
-def request_record_create(
+def request_record_create(**fields: Any) -> RequestRecord:
+    """Record one request (``request_record_build``'s arguments) and add it to its
+    minute's rollup (of its arrival).
+
+    The SLO flags are judged against the request's class (``request_slo_class``: the
+    tenant's when set, else the deployment's). Requests that reached no deployment are
+    recorded but not rolled up (rollups are per deployment).
+
+    ``record_key`` (the idempotency key; a new one when not given): a record whose key
+    is written already fails on the key's unique constraint (IntegrityError), and the
+    caller's transaction, which holds the rollup too, adds nothing
+    (``gateway.records.write_records`` takes that as written).
+    """
+    record = request_record_build(**fields)
+    record.save()
+    _rollups_add([record])
+    return record
+
+
+def request_record_build(
     *,
     request_id: str,
     tenant: Tenant,
@@ -291,17 +310,8 @@ def request_record_create(
     http_status: int = 200,
     record_key: uuid.UUID | None = None,
 ) -> RequestRecord:
-    """Record one request and add it to its minute's rollup (of its arrival).
-
-    The SLO flags are judged against the request's class (``request_slo_class``: the
-    tenant's when set, else the deployment's). Requests that reached no deployment are
-    recorded but not rolled up (rollups are per deployment).
-
-    ``record_key`` (the idempotency key; a new one when not given): a record whose key
-    is written already fails on the key's unique constraint (IntegrityError), and the
-    caller's transaction, which holds the rollup too, adds nothing
-    (``gateway.records.write_records`` takes that as written).
-    """
+    """The unsaved, validated RequestRecord of one request, with its SLO flags
+    (``request_record_create``'s arguments; ``request_records_create`` saves many)."""
     ttft_met, tbt_met = slo_flags(
         slo=request_slo_class(tenant, deployment),
         status=status,
@@ -335,55 +345,84 @@ def request_record_create(
     )
     # The key's uniqueness is the constraint's to enforce, at the insert.
     record.full_clean(exclude=["tenant", "api_key", "deployment", "record_key"])
-    record.save()
-    if deployment is not None:
-        _rollup_add(record, deployment)
     return record
 
 
-def _rollup_add(record: RequestRecord, deployment: Deployment) -> None:
-    """Add ``record`` to its rollup row with F() increments; the row is created on first
-    use (a concurrent creator wins the insert and this call increments its row)."""
-    minute = record.t_arrival.replace(second=0, microsecond=0)
+@transaction.atomic
+def request_records_create(records: list[RequestRecord]) -> None:
+    """Save ``records`` (``request_record_build``'s) in one insert and add them to their
+    rollups, one update per rollup row: all or none. A key already written fails the
+    whole call on the key's unique constraint (IntegrityError); a caller that wants the
+    others kept writes each on its own (``request_record_create``)."""
+    RequestRecord.objects.bulk_create(records)
+    _rollups_add(records)
+
+
+_ROLLUP_SUMS = (
+    "requests",
+    "errors",
+    "prompt_tokens",
+    "completion_tokens",
+    "ttft_met",
+    "tbt_met",
+    "both_met",
+    "sum_ttft_ms",
+    "sum_tpot_ms",
+    "tpot_requests",
+)
+
+
+def _rollups_add(records: Iterable[RequestRecord]) -> None:
+    """Add ``records`` to their rollup rows (per minute of arrival, tenant, deployment
+    and node; records without a deployment are not rolled up), one update of F()
+    increments per row; a row is created on first use (a concurrent creator wins the
+    insert and this call increments its row)."""
+    sums: dict[tuple[datetime, int, int, str], list[float]] = {}
+    for record in records:
+        if record.deployment_id is None:
+            continue
+        key = (
+            record.t_arrival.replace(second=0, microsecond=0),
+            record.tenant_id,
+            record.deployment_id,
+            record.node_name,
+        )
+        row = sums.setdefault(key, [0] * len(_ROLLUP_SUMS))
+        for i, value in enumerate(_rollup_terms(record)):
+            row[i] += value
+    for (minute, tenant_id, deployment_id, node_name), values in sums.items():
+        totals = dict(zip(_ROLLUP_SUMS, values, strict=True))
+        rows = UsageRollup.objects.filter(
+            minute=minute, tenant_id=tenant_id, deployment_id=deployment_id, node_name=node_name
+        )
+        increments = {name: F(name) + value for name, value in totals.items()}
+        if rows.update(**increments):
+            continue
+        try:
+            with transaction.atomic():
+                UsageRollup.objects.create(
+                    minute=minute,
+                    tenant_id=tenant_id,
+                    deployment_id=deployment_id,
+                    node_name=node_name,
+                    **totals,
+                )
+        except IntegrityError:
+            rows.update(**increments)
+
+
+def _rollup_terms(record: RequestRecord) -> tuple[float, ...]:
+    """What ``record`` adds to each of ``_ROLLUP_SUMS``."""
     tbt_met = record.tbt_met is True  # unknown is not met
-    timed = int(record.tpot_ms is not None)
-    increments = {
-        "requests": F("requests") + 1,
-        "errors": F("errors") + int(record.status != RequestRecord.Status.OK),
-        "prompt_tokens": F("prompt_tokens") + record.prompt_tokens,
-        "completion_tokens": F("completion_tokens") + record.completion_tokens,
-        "ttft_met": F("ttft_met") + int(record.ttft_met),
-        "tbt_met": F("tbt_met") + int(tbt_met),
-        "both_met": F("both_met") + int(record.ttft_met and tbt_met),
-        "sum_ttft_ms": F("sum_ttft_ms") + (record.ttft_ms or 0.0),
-        "sum_tpot_ms": F("sum_tpot_ms") + (record.tpot_ms or 0.0),
-        "tpot_requests": F("tpot_requests") + timed,
-    }
-    row = UsageRollup.objects.filter(
-        minute=minute,
-        tenant_id=record.tenant_id,
-        deployment_id=deployment.pk,
-        node_name=record.node_name,
+    return (
+        1,
+        int(record.status != RequestRecord.Status.OK),
+        record.prompt_tokens,
+        record.completion_tokens,
+        int(record.ttft_met),
+        int(tbt_met),
+        int(record.ttft_met and tbt_met),
+        record.ttft_ms or 0.0,
+        record.tpot_ms or 0.0,
+        int(record.tpot_ms is not None),
     )
-    if row.update(**increments):
-        return
-    try:
-        with transaction.atomic():
-            UsageRollup.objects.create(
-                minute=minute,
-                tenant_id=record.tenant_id,
-                deployment_id=deployment.pk,
-                node_name=record.node_name,
-                requests=1,
-                errors=int(record.status != RequestRecord.Status.OK),
-                prompt_tokens=record.prompt_tokens,
-                completion_tokens=record.completion_tokens,
-                ttft_met=int(record.ttft_met),
-                tbt_met=int(tbt_met),
-                both_met=int(record.ttft_met and tbt_met),
-                sum_ttft_ms=record.ttft_ms or 0.0,
-                sum_tpot_ms=record.tpot_ms or 0.0,
-                tpot_requests=timed,
-            )
-    except IntegrityError:
-        row.update(**increments)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import hashlib
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from django.core.exceptions import ValidationError
-from django.db import connection
+from django.db import IntegrityError, connection
 from django.db.models import ProtectedError
 from django.utils import timezone
 
@@ -20,7 +21,9 @@ from shunter.tenants.services import (
     api_key_create,
     api_key_revoke,
     api_key_update,
+    request_record_build,
     request_record_create,
+    request_records_create,
     tenant_update,
 )
 from tests.tenants.factories import make_deployment, make_model, make_tenant, slo
@@ -203,8 +206,8 @@ def test_revoke_is_idempotent_and_makes_the_key_unusable() -> None:
     assert not ApiKey.objects.usable().filter(pk=key.pk).exists()
 
 
-def record(**overrides: object) -> RequestRecord:
-    fields: dict[str, object] = {
+def record_fields(**overrides: Any) -> dict[str, Any]:
+    fields: dict[str, Any] = {
         "request_id": "r1",
         "api_key": None,
         "model_name": "m",
@@ -221,7 +224,11 @@ def record(**overrides: object) -> RequestRecord:
         "status": "ok",
     }
     fields.update(overrides)
-    return request_record_create(**fields)  # type: ignore[arg-type]
+    return fields
+
+
+def record(**overrides: object) -> RequestRecord:
+    return request_record_create(**record_fields(**overrides))
 
 
 @pytest.mark.parametrize(
@@ -271,34 +278,42 @@ def test_without_a_deployment_the_tenants_class_judges_and_nothing_is_rolled_up(
     assert UsageRollup.objects.count() == 0
 
 
-def test_rollup_adds_each_record_of_the_minute() -> None:
+@pytest.mark.parametrize("together", [False, True], ids=["one by one", "in one batch"])
+def test_rollup_adds_each_record_of_the_minute(together: bool) -> None:
     deployment = make_deployment()
     tenant = make_tenant(deployment)
-    record(tenant=tenant, deployment=deployment)
-    record(
-        tenant=tenant,
-        deployment=deployment,
-        request_id="r2",
-        t_arrival=T0 + timedelta(seconds=50),
-        ttft_ms=6000.0,
-        tpot_ms=50.0,
-        prompt_tokens=5,
-        completion_tokens=3,
-    )
-    record(
-        tenant=tenant,
-        deployment=deployment,
-        request_id="r3",
-        status="error",
-        http_status=503,
-        prompt_tokens=0,
-        completion_tokens=0,
-        ttft_ms=None,
-        tpot_ms=None,
-    )
-    record(
-        tenant=tenant, deployment=deployment, request_id="r4", t_arrival=T0 + timedelta(minutes=1)
-    )
+    common = {"tenant": tenant, "deployment": deployment}
+    records = [
+        record_fields(**common),
+        record_fields(
+            **common,
+            request_id="r2",
+            t_arrival=T0 + timedelta(seconds=50),
+            ttft_ms=6000.0,
+            tpot_ms=50.0,
+            prompt_tokens=5,
+            completion_tokens=3,
+        ),
+        record_fields(
+            **common,
+            request_id="r3",
+            status="error",
+            http_status=503,
+            prompt_tokens=0,
+            completion_tokens=0,
+            ttft_ms=None,
+            tpot_ms=None,
+        ),
+        record_fields(**common, request_id="r4", t_arrival=T0 + timedelta(minutes=1)),
+        # No deployment: recorded, not rolled up.
+        record_fields(tenant=tenant, deployment=None, request_id="r5"),
+    ]
+    if together:
+        request_records_create([request_record_build(**fields) for fields in records])
+    else:
+        for fields in records:
+            request_record_create(**fields)
+    assert RequestRecord.objects.count() == 5
     rows = list(UsageRollup.objects.order_by("minute"))
     assert [r.minute for r in rows] == [
         T0.replace(second=0),
@@ -311,6 +326,23 @@ def test_rollup_adds_each_record_of_the_minute() -> None:
     assert first.sum_ttft_ms == pytest.approx(6200.0)
     assert first.sum_tpot_ms == pytest.approx(150.0) and first.tpot_requests == 2
     assert rows[1].requests == 1
+
+
+def test_a_batch_with_a_key_written_already_writes_nothing() -> None:
+    deployment = make_deployment()
+    tenant = make_tenant(deployment)
+    written = record(tenant=tenant, deployment=deployment)
+    again = request_record_build(
+        **record_fields(tenant=tenant, deployment=deployment, request_id="r2"),
+        record_key=written.record_key,
+    )
+    fresh = request_record_build(
+        **record_fields(tenant=tenant, deployment=deployment, request_id="r3")
+    )
+    with pytest.raises(IntegrityError):
+        request_records_create([fresh, again])
+    assert list(RequestRecord.objects.values_list("request_id", flat=True)) == ["r1"]
+    assert UsageRollup.objects.get().requests == 1
 
 
 def test_an_unknown_tbt_counts_as_no_hit_and_no_tpot() -> None:
