@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import ClassVar
 
 from django.db import models
 from django.utils import timezone
@@ -197,6 +198,20 @@ class UsageRollup(models.Model):
     sum_ttft_ms = models.FloatField(default=0.0)
     sum_tpot_ms = models.FloatField(default=0.0)
     tpot_requests = models.PositiveIntegerField(default=0)
+
+    # The columns that add up over records (and over rows, for longer periods).
+    SUMMED: ClassVar[tuple[str, ...]] = (
+        "requests",
+        "errors",
+        "prompt_tokens",
+        "completion_tokens",
+        "ttft_met",
+        "tbt_met",
+        "both_met",
+        "sum_ttft_ms",
+        "sum_tpot_ms",
+        "tpot_requests",
+    )
 
     objects = TenantQuerySet.as_manager()
 

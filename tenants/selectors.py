@@ -152,19 +152,7 @@ def usage_summary(
     return [_usage_row(g) for g in grouped]
 
 
-_SUMMED = [
-    "requests",
-    "errors",
-    "prompt_tokens",
-    "completion_tokens",
-    "ttft_met",
-    "tbt_met",
-    "both_met",
-    "sum_ttft_ms",
-    "sum_tpot_ms",
-    "tpot_requests",
-]
-_SUMS = {f"total_{name}": Sum(name) for name in _SUMMED}
+_SUMS = {f"total_{name}": Sum(name) for name in UsageRollup.SUMMED}
 
 
 def _rollups(

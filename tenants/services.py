@@ -358,20 +358,6 @@ def request_records_create(records: list[RequestRecord]) -> None:
     _rollups_add(records)
 
 
-_ROLLUP_SUMS = (
-    "requests",
-    "errors",
-    "prompt_tokens",
-    "completion_tokens",
-    "ttft_met",
-    "tbt_met",
-    "both_met",
-    "sum_ttft_ms",
-    "sum_tpot_ms",
-    "tpot_requests",
-)
-
-
 def _rollups_add(records: Iterable[RequestRecord]) -> None:
     """Add ``records`` to their rollup rows (per minute of arrival, tenant, deployment
     and node; records without a deployment are not rolled up), one update of F()
@@ -387,11 +373,11 @@ def _rollups_add(records: Iterable[RequestRecord]) -> None:
             record.deployment_id,
             record.node_name,
         )
-        row = sums.setdefault(key, [0] * len(_ROLLUP_SUMS))
+        row = sums.setdefault(key, [0] * len(UsageRollup.SUMMED))
         for i, value in enumerate(_rollup_terms(record)):
             row[i] += value
     for (minute, tenant_id, deployment_id, node_name), values in sums.items():
-        totals = dict(zip(_ROLLUP_SUMS, values, strict=True))
+        totals = dict(zip(UsageRollup.SUMMED, values, strict=True))
         rows = UsageRollup.objects.filter(
             minute=minute, tenant_id=tenant_id, deployment_id=deployment_id, node_name=node_name
         )
@@ -412,7 +398,7 @@ def _rollups_add(records: Iterable[RequestRecord]) -> None:
 
 
 def _rollup_terms(record: RequestRecord) -> tuple[float, ...]:
-    """What ``record`` adds to each of ``_ROLLUP_SUMS``."""
+    """What ``record`` adds to each of ``UsageRollup.SUMMED``."""
     tbt_met = record.tbt_met is True  # unknown is not met
     return (
         1,
