@@ -196,10 +196,9 @@ class RecordWriter:
     """Writes RequestRecords in batches on the gateway's database threads: one job at a
     time takes every record waiting, in one transaction (``write_records``: one insert,
     or a savepoint each when a record fails that); the records that end meanwhile wait
-    for the next.
-    A request's record costs one commit per batch instead of one each, and one thread
-    hop. A batch waits while requests are starting (``starting``), for at most
-    ``RECORD_DEFER_S``, so that its writing does not delay their first tokens.
+    for the next. A request's record costs one commit per batch instead of one each,
+    and one thread hop. A batch waits while requests are starting (``starting``), for at
+    most ``RECORD_DEFER_S``, so that its writing does not delay their first tokens.
 
     Each record gets its idempotency key when it is queued. Records of a batch that did
     not commit, or that the database could not take (unreachable), go to the spool
