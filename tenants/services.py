@@ -363,7 +363,7 @@ def _rollups_add(records: Iterable[RequestRecord]) -> None:
     and node; records without a deployment are not rolled up), one update of F()
     increments per row; a row is created on first use (a concurrent creator wins the
     insert and this call increments its row)."""
-    sums: dict[tuple[datetime, int, int, str], list[float]] = {}
+    sums: dict[tuple[datetime, int, int, str], dict[str, float]] = {}
     for record in records:
         if record.deployment_id is None:
             continue
@@ -373,11 +373,10 @@ def _rollups_add(records: Iterable[RequestRecord]) -> None:
             record.deployment_id,
             record.node_name,
         )
-        row = sums.setdefault(key, [0] * len(UsageRollup.SUMMED))
-        for i, value in enumerate(_rollup_terms(record)):
-            row[i] += value
-    for (minute, tenant_id, deployment_id, node_name), values in sums.items():
-        totals = dict(zip(UsageRollup.SUMMED, values, strict=True))
+        row = sums.setdefault(key, {name: 0 for name in UsageRollup.SUMMED})
+        for name, value in _rollup_terms(record).items():
+            row[name] += value
+    for (minute, tenant_id, deployment_id, node_name), totals in sums.items():
         rows = UsageRollup.objects.filter(
             minute=minute, tenant_id=tenant_id, deployment_id=deployment_id, node_name=node_name
         )
@@ -397,18 +396,18 @@ def _rollups_add(records: Iterable[RequestRecord]) -> None:
             rows.update(**increments)
 
 
-def _rollup_terms(record: RequestRecord) -> tuple[float, ...]:
+def _rollup_terms(record: RequestRecord) -> dict[str, float]:
     """What ``record`` adds to each of ``UsageRollup.SUMMED``."""
     tbt_met = record.tbt_met is True  # unknown is not met
-    return (
-        1,
-        int(record.status != RequestRecord.Status.OK),
-        record.prompt_tokens,
-        record.completion_tokens,
-        int(record.ttft_met),
-        int(tbt_met),
-        int(record.ttft_met and tbt_met),
-        record.ttft_ms or 0.0,
-        record.tpot_ms or 0.0,
-        int(record.tpot_ms is not None),
-    )
+    return {
+        "requests": 1,
+        "errors": int(record.status != RequestRecord.Status.OK),
+        "prompt_tokens": record.prompt_tokens,
+        "completion_tokens": record.completion_tokens,
+        "ttft_met": int(record.ttft_met),
+        "tbt_met": int(tbt_met),
+        "both_met": int(record.ttft_met and tbt_met),
+        "sum_ttft_ms": record.ttft_ms or 0.0,
+        "sum_tpot_ms": record.tpot_ms or 0.0,
+        "tpot_requests": int(record.tpot_ms is not None),
+    }
