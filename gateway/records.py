@@ -192,6 +192,10 @@ class Starting:
             if not self._count:
                 self._idle.notify_all()
 
+    @property
+    def count(self) -> int:
+        return self._count
+
     def wait_idle(self, timeout_s: float) -> bool:
         """Block until no request is starting, at most ``timeout_s``; whether none is."""
         with self._idle:

@@ -4,6 +4,7 @@ record by record, so that it loses no other and bills none twice."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import time
 import uuid
@@ -14,10 +15,11 @@ from django.db import connection
 from django.db.models import Sum
 from django.test.utils import CaptureQueriesContext
 
-from shunter.gateway import records
+from shunter.gateway import records, views
 from shunter.gateway.auth import load_grant
 from shunter.gateway.db import close_db_connections
 from shunter.gateway.records import RecordWriter, starting, write_records
+from shunter.gateway.replies import GatewayRequest, Reply
 from shunter.gateway.spool import PendingRecord
 from shunter.tenants.models import RequestRecord, UsageRollup
 from shunter.tenants.services import api_key_create
@@ -117,3 +119,21 @@ def test_records_wait_for_starting_requests_a_bounded_time(
     with starting:
         assert add_one(writer, "bounded").result(timeout=30) is None
         assert RequestRecord.objects.get().request_id == "bounded"
+
+
+async def test_a_request_counts_as_starting_until_its_reply_is_ready(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    counted: list[int] = []
+
+    async def generate(*_: object) -> Reply:
+        counted.append(starting.count)
+        await asyncio.sleep(0)
+        return Reply(200)
+
+    monkeypatch.setattr(views, "_generate", generate)
+    request = GatewayRequest("POST", "/v1/completions", {}, b"{}")
+    assert (await views.generate_reply(request, "completions", None)).status == 200
+    assert counted == [1] and starting.count == 0
+    # A batch waits for none now.
+    assert starting.wait_idle(0.0)
