@@ -267,7 +267,6 @@ def slo_flags(
     return ttft, tbt
 
 
-@transaction.atomic
 def request_record_create(**fields: Any) -> RequestRecord:
     """Record one request (``request_record_build``'s arguments) and add it to its
     minute's rollup (of its arrival).
@@ -282,8 +281,7 @@ def request_record_create(**fields: Any) -> RequestRecord:
     (``gateway.records.write_records`` takes that as written).
     """
     record = request_record_build(**fields)
-    record.save()
-    _rollups_add([record])
+    request_records_create([record])
     return record
 
 
