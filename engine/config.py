@@ -150,7 +150,7 @@ class SloSpec:
             raise ValueError(f"SLO class {self.name!r}: alpha and betas must be >= 0")
 
 
-POLICIES = ("fcfs", "wf", "sf", "lvf", "lvf+")
+POLICIES = ("fcfs", "wf", "sf", "lvf", "lvf+", "lvf+shed")
 PREEMPTION_MODES = ("swap", "recompute")
 SHARING_MODES = ("spatial", "temporal")
 CAPACITY_SOURCES = ("free", "inactive", "rotation", "active")

@@ -208,6 +208,22 @@ def tbt_slack(r: Request, now: float) -> float:
     return r.num_output_tokens * r.slo.tbt_s - (now - r.t_first_token)
 
 
+def tbt_lost(r: Request, now: float, step_s: float | None) -> bool:
+    """Whether a request that has its first token misses its TBT SLO even if it emits
+    every token it may still sample from ``now`` on, one per ``step_s``: its SLO is a
+    mean over all its tokens, so one behind its pace catches up only by what its
+    remaining tokens gain on the target. ``max_output_tokens`` bounds its tokens from
+    above; a request that stops sooner had less to gain, so this errs toward "not
+    lost"."""
+    if r.t_first_token is None or step_s is None:
+        return False
+    total = r.max_output_tokens
+    if total <= 1:
+        return False
+    left = total - r.num_output_tokens
+    return now + left * step_s - r.t_first_token > (total - 1) * r.slo.tbt_s
+
+
 def ttft_slack(r: Request, now: float) -> float:
     """Seconds a request may wait from ``now`` for its first token and still meet its
     TTFT SLO; once it has its first token, none is at stake (infinite)."""

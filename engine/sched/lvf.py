@@ -6,7 +6,7 @@ from collections.abc import Iterable, Iterator
 from itertools import chain
 from operator import attrgetter
 
-from shunter.engine.request import Request, slo_slack, tbt_slack, ttft_slack, vlts
+from shunter.engine.request import Request, slo_slack, tbt_lost, tbt_slack, ttft_slack, vlts
 from shunter.engine.sched.policy import Decision, Policy, PolicyInput, by_arrival
 from shunter.engine.sched.room import Room
 from shunter.engine.sched.turn_length import SWITCH_COST_FACTOR
@@ -67,6 +67,8 @@ class LvfPolicy(Policy):
     # with VLT < 0 may go. A policy that spares some (``_victims``) must not promise a
     # candidate memory nobody will give back.
     rotation_bounded_by_victims = False
+    # Whether some candidates may be lost (``_lost``): ordered last, rotating nobody out.
+    sheds = False
 
     def schedule(self, state: PolicyInput) -> Decision:
         candidates = [*state.waiting, *state.rotary]
@@ -87,6 +89,12 @@ class LvfPolicy(Policy):
         (B_xfer), not only free ones: in Algorithm 1 every candidate with VLT >= 0."""
         return True
 
+    def _lost(self, r: Request, state: PolicyInput) -> bool:
+        """Whether candidate ``r`` can no longer meet its SLO whatever is done for it:
+        such a candidate goes after every other and rotates nobody out. Algorithm 1
+        counts no request lost."""
+        return False
+
     def _prioritize(
         self, state: PolicyInput, candidates: list[Request], costs: list[int]
     ) -> Decision:
@@ -101,19 +109,22 @@ class LvfPolicy(Policy):
         slots, now = state.num_free_slots, state.now
 
         lag = vlts(candidates, now)
-        # The largest VLT first; on equal VLT the higher tenant priority (stable sort:
-        # then the order given).
+        lost = [self._lost(r, state) for r in candidates] if self.sheds else [False] * len(lag)
+        # Candidates that can still meet their SLO first; then the largest VLT first; on
+        # equal VLT the higher tenant priority (stable sort: then the order given).
         priority = state.priority
-        if priority is None:
-            head = sorted(range(len(candidates)), key=lag.__getitem__, reverse=True)
-        else:
-            ranks = [priority(r) for r in candidates]
-            head = sorted(range(len(candidates)), key=lambda i: (lag[i], ranks[i]), reverse=True)
+        ranks = [0] * len(candidates) if priority is None else [priority(r) for r in candidates]
+        head = sorted(
+            range(len(candidates)),
+            key=lambda i: (not lost[i], lag[i], ranks[i]),
+            reverse=True,
+        )
+        max_lag = next((lag[i] for i in head if not lost[i]), 0.0)
         xfer = xfer_left = state.xfer_budget
         room = state.free_room
         pool = room.pool
         free = room.ledger()
-        tail = self._victims(state, lag[head[0]] if head else 0.0)
+        tail = self._victims(state, max_lag)
         victims: list[Request] = []  # the head of ``tail``, pulled as slots are needed
         victim_blocks = 0
         # Per pool, what its admissions take beyond its room: step 4 rotates that out.
@@ -128,7 +139,7 @@ class LvfPolicy(Policy):
             r, cost, p = candidates[i], costs[i], pool(candidates[i])
             own = free.available(p)
             short = max(0, cost - own)
-            if short > xfer_left or (short and not self._rotates_for(r, lag[i], now)):
+            if short > xfer_left or (short and (lost[i] or not self._rotates_for(r, lag[i], now))):
                 continue
             if short and self.rotation_bounded_by_victims:
                 if rotatable is None:
@@ -263,9 +274,49 @@ class LvfPlusPolicy(LvfPolicy):
             assert r.t_run is not None
             if now - r.t_run < SWITCH_COST_FACTOR * (trip + step_s):
                 continue
-            away = time_out(r, max_lag) + r.slo.tbt_s + trip
+            away = self._time_out(r, max_lag) + r.slo.tbt_s + trip
             if tbt_slack(r, now) >= away:
                 yield r
+
+    def _time_out(self, r: Request, max_lag: float) -> float:
+        """Seconds running request ``r``, rotated out now, is expected to wait on the
+        host: until its VLT overtakes the most lagging candidate's (``time_out``)."""
+        return time_out(r, max_lag)
+
+
+class LvfShedPolicy(LvfPlusPolicy):
+    """lvf+ that sheds under overload: requests that can no longer meet their SLO go
+    after every request that still can.
+
+    - **Lost requests go last.** A candidate is lost once its SLO is out of reach
+      whatever the scheduler does: a request without its first token past its TTFT
+      target, or a rotary request that misses its TBT target even if it emits every
+      token it may still sample from now on, one a step (``tbt_lost``, with the last
+      step's duration). Lost candidates are ordered after all others (by VLT among
+      themselves), rotate nobody out, and do not count as the most lagging candidate
+      a victim's time out is estimated against. They still take free blocks the others
+      leave, so nothing is dropped: a lost request finishes, late.
+    - **A rotated-out request waits as a new one may.** A running request is rotated
+      out only if its TBT slack covers, besides its round trip and a token gap, the
+      longer of LVF's estimate of its time out and its SLO class's TTFT target: the
+      wait for its next token is treated as a new arrival's wait for its first, which
+      the class allows S_F. Under overload LVF's estimate, made against the candidates
+      of this step, falls short: those arriving later lag ahead of it too.
+
+    Under overload every order misses some SLOs; lvf+ spreads the misses over the
+    requests that wait, and this concentrates them on the requests already past their
+    target. The price is the drain: a shed request starts last, and its answer runs in
+    smaller batches at the end (SIMULATED figures in docs/engine.md, Scheduling).
+    """
+
+    name = "lvf+shed"
+    sheds = True
+
+    def _lost(self, r: Request, state: PolicyInput) -> bool:
+        return ttft_slack(r, state.now) <= 0.0 or tbt_lost(r, state.now, state.step_s)
+
+    def _time_out(self, r: Request, max_lag: float) -> float:
+        return max(time_out(r, max_lag), r.slo.ttft_s)
 
 
 class _Rotatable:

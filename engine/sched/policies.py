@@ -4,12 +4,19 @@ from __future__ import annotations
 
 from shunter.engine.sched.fcfs import FcfsPolicy
 from shunter.engine.sched.fixed_order import SwappedFirstPolicy, WaitingFirstPolicy
-from shunter.engine.sched.lvf import LvfPlusPolicy, LvfPolicy
+from shunter.engine.sched.lvf import LvfPlusPolicy, LvfPolicy, LvfShedPolicy
 from shunter.engine.sched.policy import Policy
 
 POLICY_CLASSES: dict[str, type[Policy]] = {
     cls.name: cls
-    for cls in (FcfsPolicy, WaitingFirstPolicy, SwappedFirstPolicy, LvfPolicy, LvfPlusPolicy)
+    for cls in (
+        FcfsPolicy,
+        WaitingFirstPolicy,
+        SwappedFirstPolicy,
+        LvfPolicy,
+        LvfPlusPolicy,
+        LvfShedPolicy,
+    )
 }
 
 

@@ -139,7 +139,8 @@ def add_simulate_parser(sub: argparse._SubParsersAction[Any]) -> None:
         type=comma_names,
         default=["none", "oneiros", "rotasched", "combined"],
         help="comma list of none, oneiros, rotasched, combined (default those four), and "
-        "rotasched+, combined+ (the same two with lvf+)",
+        "rotasched+, combined+ (the same two with lvf+), rotasched+shed, combined+shed (with "
+        "lvf+shed)",
     )
     t.add_argument(
         "--window", type=float, default=30.0, help="temporal: seconds each model is on per cycle"

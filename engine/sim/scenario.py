@@ -60,6 +60,9 @@ VARIANTS: dict[str, Variant] = {
         # whose TBT slack covers the round trip (sched/lvf.py).
         Variant("rotasched+", "lvf+", False, preemption="swap", eager_rotation=True),
         Variant("combined+", "lvf+", True, preemption="swap", eager_rotation=True),
+        # And with lvf+shed, which puts requests past their SLO after the others.
+        Variant("rotasched+shed", "lvf+shed", False, preemption="swap", eager_rotation=True),
+        Variant("combined+shed", "lvf+shed", True, preemption="swap", eager_rotation=True),
     )
 }
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shunter.engine.config import SloSpec
-from shunter.engine.request import Request, RequestState, slo_slack
+from shunter.engine.request import Request, RequestState, slo_slack, tbt_lost
 
 
 def make(state: RequestState, slo: SloSpec, **times: float | None) -> Request:
@@ -58,6 +58,22 @@ def test_slo_slack_is_the_ttft_left_then_the_mean_token_budget_left() -> None:
     slacks = [slo_slack(r, 20.1) for r in (waiting, decoding, rotary)]
     assert slacks == pytest.approx([-5.1, 0.2, 0.2])
     assert slo_slack(decoding, 20.5) == pytest.approx(-0.2)
+
+
+def test_tbt_lost_when_its_remaining_tokens_cannot_make_up_the_pace() -> None:
+    """11 tokens at a mean of 0.1 s may take 1 s from the first; after 3 (the first at
+    20 s), 8 more at one a step of 0.05 s take 0.4 s: lost once it is more than 0.6 s
+    past its first token."""
+    r = make(RequestState.ROTARY, PAPER, t_first_token=20.0, num_output_tokens=3)
+    r.max_output_tokens = 11
+    assert not tbt_lost(r, 20.5, 0.05)
+    assert tbt_lost(r, 20.7, 0.05)
+    assert not tbt_lost(r, 20.7, None)  # no step measured yet: nothing to judge by
+    assert tbt_lost(r, 20.5, 0.1)  # steps at the target gain nothing back
+    r.t_first_token, r.num_output_tokens = None, 0
+    assert not tbt_lost(r, 100.0, 0.05)  # no first token: its TTFT is at stake
+    r.t_first_token, r.max_output_tokens = 20.0, 1
+    assert not tbt_lost(r, 100.0, 0.05)  # one token has no gaps
 
 
 def test_token_accounting_and_latencies() -> None:

@@ -11,6 +11,7 @@ from shunter.engine.request import RequestState, tbt_slack
 from shunter.engine.sched.lvf import (
     LvfPlusPolicy,
     LvfPolicy,
+    LvfShedPolicy,
     num_slots_freed,
     time_out,
 )
@@ -666,6 +667,69 @@ def test_lvf_plus_preempts_passively_a_request_behind_its_slo_before_the_latest_
     assert LvfPlusPolicy().passive_victim(running, 10.0) is late
     assert LvfPlusPolicy().passive_victim([behind, ahead, new], 10.0) is behind
     assert LvfPlusPolicy().passive_victim([ahead, new], 10.0) is new
+
+
+def test_lvf_shed_puts_a_request_past_its_ttft_target_after_those_still_in_time() -> None:
+    """Room for one: LVF and lvf+ take "late" (VLT 7.5, 5 s past its 5 s target) before
+    "fresh" (VLT 1.5, 1 s of its target left); lvf+shed takes "fresh", and "late" once
+    nobody still in time is left."""
+    book = Book()
+    book.add("late", W, 1, t_arr=0.0)
+    book.add("fresh", W, 1, t_arr=6.0)
+    book.add("more", W, 2, t_arr=6.0)  # too big for the room: the check fails
+    state = book.state(now=10.0, free=1, xfer=0)
+    assert ids(LvfPlusPolicy().schedule(state).admit) == ["late"]
+    assert ids(LvfShedPolicy().schedule(state).admit) == ["fresh"]
+    assert ids(LvfShedPolicy().schedule(book.state(now=10.0, free=2, xfer=0)).admit) == [
+        "fresh",
+        "late",
+    ]
+
+
+def test_lvf_shed_rotates_nobody_out_for_a_request_whose_tbt_is_lost() -> None:
+    """ "gone" lags most (rotated out 8.5 s ago, VLT 25.5) but, 9 s after its first of 4
+    tokens, misses its 0.1 s mean whatever comes: lvf+ rotates "run" out for it,
+    lvf+shed does not. For "fresh", still in time and lagging, it does: "gone" does not
+    count as the most lagging candidate, so "run"'s time out is the longer of the
+    estimate against "fresh" and the 5 s TTFT target, which its slack covers."""
+    book = Book()
+    run = book.add("run", R, 1, t_run=0.0)
+    run.t_first_token, run.num_output_tokens = 0.0, 10**6
+    gone = book.add("gone", S, 1, t_arr=0.0, t_last=1.5)
+    gone.t_first_token, gone.num_output_tokens = 1.0, 2
+    state = book.state(now=10.0, free=0, xfer=1, step_s=0.05)
+    plus = LvfPlusPolicy().schedule(state)
+    assert (ids(plus.admit), ids(plus.preempt)) == (["gone"], ["run"])
+    assert LvfShedPolicy().schedule(state) == Decision()
+    book.add("fresh", W, 1, t_arr=6.0)  # VLT 1.5
+    shed = LvfShedPolicy().schedule(book.state(now=10.0, free=0, xfer=1, step_s=0.05))
+    assert (ids(shed.admit), ids(shed.preempt)) == (["fresh"], ["run"])
+
+
+@pytest.mark.parametrize(
+    ("tokens", "rotated"),
+    [
+        (7, False),  # 0.5 s of slack: lvf+'s 0.44 s, not the 5 s TTFT target
+        (53, False),  # 5.1 s
+        (54, True),  # 5.2 s covers the target, the round trip and a token gap: 5.14 s
+    ],
+)
+def test_lvf_shed_rotates_out_only_requests_that_can_wait_a_ttft_target(
+    tokens: int, rotated: bool
+) -> None:
+    """Fig. 9's second rotation again (see the lvf+ test above): under lvf+shed a
+    request rotated out waits for its next token as a new one for its first, so its TBT
+    slack must cover its SLO class's TTFT target (5 s) where that is longer than LVF's
+    estimate (0.3 s), with the round trip (0.04 s) and a token gap (0.1 s)."""
+    book = Book()
+    book.add("A", S, t_arr=0.0, t_last=1.0)
+    book.add("B", S, t_arr=0.0, t_last=1.0)
+    for name in ("C", "D"):
+        r = book.add(name, R, t_run=1.0)
+        r.t_first_token, r.num_output_tokens = 1.0, tokens
+    state = book.state(now=1.2, free=0, xfer=2, swap_s=lambda r: 0.04)
+    expected = ["C", "D"] if rotated else []
+    assert sorted(ids(LvfShedPolicy().schedule(state).preempt)) == expected
 
 
 def _two_pools(book: Book) -> Room:

@@ -68,10 +68,10 @@ def test_swapped_first_resumes_rotary_before_any_waiting_request() -> None:
     assert decision.preempt == []
 
 
-@pytest.mark.parametrize("name", ["fcfs", "wf", "sf", "lvf", "lvf+"])
+@pytest.mark.parametrize("name", ["fcfs", "wf", "sf", "lvf", "lvf+", "lvf+shed"])
 def test_make_policy_by_config_name(name: str) -> None:
     assert make_policy(SchedulerConfig(policy=name).policy).name == name
-    assert set(POLICY_CLASSES) == set(POLICIES) == {"fcfs", "wf", "sf", "lvf", "lvf+"}
+    assert set(POLICY_CLASSES) == set(POLICIES) == {"fcfs", "wf", "sf", "lvf", "lvf+", "lvf+shed"}
     # Only the LVF family decides over every model at once and rotates by choice.
     assert make_policy(name).rotates == name.startswith("lvf")
 

@@ -48,7 +48,7 @@ def test_temporal_models_take_windows_in_turn_spatial_ones_are_always_on() -> No
 def test_variants_cross_policy_with_remapping() -> None:
     assert {(v.policy, v.remap) for v in VARIANTS.values()} == {
         ("fcfs", False), ("fcfs", True), ("lvf", False), ("lvf", True),
-        ("lvf+", False), ("lvf+", True),
+        ("lvf+", False), ("lvf+", True), ("lvf+shed", False), ("lvf+shed", True),
     }  # fmt: skip
 
 
