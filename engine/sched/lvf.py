@@ -109,16 +109,19 @@ class LvfPolicy(Policy):
         slots, now = state.num_free_slots, state.now
 
         lag = vlts(candidates, now)
-        lost = [self._lost(r, state) for r in candidates] if self.sheds else [False] * len(lag)
-        # Candidates that can still meet their SLO first; then the largest VLT first; on
-        # equal VLT the higher tenant priority (stable sort: then the order given).
+        # The largest VLT first; on equal VLT the higher tenant priority (stable sort:
+        # then the order given).
         priority = state.priority
-        ranks = [0] * len(candidates) if priority is None else [priority(r) for r in candidates]
-        head = sorted(
-            range(len(candidates)),
-            key=lambda i: (not lost[i], lag[i], ranks[i]),
-            reverse=True,
-        )
+        if priority is None:
+            head = sorted(range(len(candidates)), key=lag.__getitem__, reverse=True)
+        else:
+            ranks = [priority(r) for r in candidates]
+            head = sorted(range(len(candidates)), key=lambda i: (lag[i], ranks[i]), reverse=True)
+        lost = [False] * len(candidates)
+        if self.sheds:
+            # Candidates that can still meet their SLO before the lost, each in that order.
+            lost = [self._lost(r, state) for r in candidates]
+            head = [i for i in head if not lost[i]] + [i for i in head if lost[i]]
         max_lag = next((lag[i] for i in head if not lost[i]), 0.0)
         xfer = xfer_left = state.xfer_budget
         room = state.free_room
