@@ -19,7 +19,7 @@ from shunter.engine.core import EngineCore, StepStats
 from shunter.engine.request import Request, RequestState
 from tests.engine.fakes import StepClock, make_core, request, tiny_config
 
-POLICIES = ["fcfs", "wf", "sf", "lvf"]
+POLICIES = ["fcfs", "wf", "sf", "lvf", "lvf+", "lvf+shed"]
 
 
 @dataclass

@@ -16,7 +16,7 @@ from shunter.engine.workload.generate import build_workload, synthetic_workload
 from shunter.engine.workload.lengths import fixed_lengths
 from shunter.engine.workload.requests import WorkloadRequest
 
-POLICIES = ("fcfs", "wf", "sf", "lvf")
+POLICIES = ("fcfs", "wf", "sf", "lvf", "lvf+", "lvf+shed")
 SLO = SloSpec("default", ttft_s=5.0, tbt_s=0.1)
 QWEN = get_model("qwen2.5-32b")
 LLAMA = get_model("llama-3-8b")
