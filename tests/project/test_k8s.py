@@ -215,6 +215,7 @@ def test_engine_gets_a_gpu_node_its_token_and_a_config_that_parses(tmp_path: Pat
     (tmp_path / config.name).write_text(text)
     engine_settings = load_settings(tmp_path / config.name, [])
     assert {m.sharing for m in engine_settings.models} == {"spatial", "temporal"}
+    assert engine_settings.policy == "lvf+"  # the engine's default, as deploy/engine.toml
     # The models it loads at start are on the read-only models volume.
     mounts = [m for m in container["volumeMounts"] if m["name"] != volume["name"]]
     for model in engine_settings.models:

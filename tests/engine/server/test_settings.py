@@ -69,6 +69,7 @@ def test_the_shipped_example_config_parses() -> None:
     example = Path(__file__).resolve().parents[3] / "deploy" / "engine.toml"
     settings = load_settings(example, [])
     assert settings.remap and settings.capacity_order[0] == "free"
+    assert settings.policy == "lvf+"  # the engine's default, not Algorithm 1 as published
     assert settings.prefix_caching and not settings.async_scheduling
     assert not settings.enforce_eager  # CUDA graphs where the device has them
     assert {m.sharing for m in settings.models} <= {"spatial", "temporal"}
