@@ -202,7 +202,8 @@ def _add_bench_isolation_parser(benches: argparse._SubParsersAction[Any]) -> Non
         "--variants",
         type=comma_names,
         metavar="NAME,NAME",
-        help="with --on: the variants (default vllm,lvf,lvf+,oneiros,combined,combined+)",
+        help="with --on: the variants (default vllm,lvf,lvf+,oneiros,combined,combined+; "
+        "also lvf+shed, combined+shed)",
     )
     p.add_argument(
         "--scenario",
@@ -246,9 +247,14 @@ def cmd_bench_isolation(ns: argparse.Namespace) -> int:
     from itertools import chain
 
     from shunter.engine.benchfigure import ReportItem
-    from shunter.engine.sim.isolation import VARIANTS, IsolationSpec, bench_isolation_sim
+    from shunter.engine.sim.isolation import (
+        DEFAULT_VARIANTS,
+        VARIANTS,
+        IsolationSpec,
+        bench_isolation_sim,
+    )
 
-    variants = ns.variants or tuple(VARIANTS)
+    variants = ns.variants or DEFAULT_VARIANTS
     unknown = [v for v in variants if v not in VARIANTS]
     problems = []
     if unknown:

@@ -44,6 +44,7 @@ from shunter.engine.server.bench_isolation import completion_body
 from shunter.engine.sim.isolation import (
     AGGRESSOR_RATE_FACTOR,
     BATCH,
+    DEFAULT_VARIANTS,
     HEADER,
     INTERACTIVE,
     Comparison,
@@ -66,6 +67,8 @@ ENGINE_VARIANTS: dict[str, tuple[str, bool]] = {
     "oneiros": ("fcfs", True),
     "combined": ("lvf", True),
     "combined+": ("lvf+", True),
+    "lvf+shed": ("lvf+shed", False),
+    "combined+shed": ("lvf+shed", True),
 }
 VICTIM_PROMPT_TOKENS = 32
 VICTIM_OUTPUT_TOKENS = 16
@@ -88,7 +91,7 @@ Timed = tuple[float, dict[str, Any]]
 
 def bench_isolation_variants(
     *,
-    variants: tuple[str, ...] = tuple(ENGINE_VARIANTS),
+    variants: tuple[str, ...] = DEFAULT_VARIANTS,
     rate: float = 0.5,
     requests: int = 20,
     layers: int = 2,

@@ -64,7 +64,11 @@ VARIANTS: dict[str, str] = {
     "oneiros": "oneiros",
     "combined": "combined",
     "combined+": "combined+",
+    "lvf+shed": "rotasched+shed",
+    "combined+shed": "combined+shed",
 }
+# What runs unless variants are named: the issue's six (lvf+shed is an option).
+DEFAULT_VARIANTS = ("vllm", "lvf", "lvf+", "oneiros", "combined", "combined+")
 
 
 @dataclass(frozen=True)
@@ -101,7 +105,7 @@ class IsolationSpec:
     25 ms); None runs the simulator's fixed token budget alone."""
 
     scenarios: tuple[str, ...] = tuple(PAIRINGS)
-    variants: tuple[str, ...] = tuple(VARIANTS)
+    variants: tuple[str, ...] = DEFAULT_VARIANTS
     rate: float | None = None
     duration_s: float = 120.0
     seed: int = 0

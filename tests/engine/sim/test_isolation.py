@@ -81,6 +81,10 @@ def test_variants_map_to_the_scenarios_and_tenants_carry_their_slo_classes() -> 
     vllm, combined = isolation_config("c1", "vllm"), isolation_config("c1", "combined+")
     assert (vllm.scheduler.policy, vllm.remap.enabled) == ("fcfs", False)
     assert (combined.scheduler.policy, combined.remap.enabled) == ("lvf+", True)
+    shed = isolation_config("c1", "combined+shed")
+    assert (shed.scheduler.policy, shed.remap.enabled) == ("lvf+shed", True)
+    # Run only when named: the default is the six the issue compares.
+    assert "lvf+shed" not in IsolationSpec().variants
     classes = {t.model: t.slo for t in vllm.tenants}
     assert classes["llama-3-8b"] is INTERACTIVE
     assert classes["llama-2-13b"] is BATCH
