@@ -240,7 +240,7 @@ def served_summary(
 
 
 HEADER = (
-    f"{'variant':<10} {'TTFT p99 ms alone':>17} {'beside':>7} {'ratio':>7} {'':<6} "
+    f"{'variant':<13} {'TTFT p99 ms alone':>17} {'beside':>7} {'ratio':>7} {'':<6} "
     f"{'TBT p99 ms alone':>16} {'beside':>7} {'ratio':>7} {'both% alone':>11} "
     f"{'beside':>7} {'':<6} {'aggressor req/s':>15} {'both%':>6}"
 )
@@ -253,7 +253,7 @@ def format_row(c: Comparison) -> str:
     own joint attainment."""
     ttft_ok, attained_ok = _verdicts(c)
     return (
-        f"{c.variant:<10} {_ms(c.alone.ttft_s.p99):>17} {_ms(c.beside.ttft_s.p99):>7} "
+        f"{c.variant:<13} {_ms(c.alone.ttft_s.p99):>17} {_ms(c.beside.ttft_s.p99):>7} "
         f"{_ratio(c.ttft_ratio):>7} {ttft_ok:<6} {_ms(c.alone.itl_s.p99):>16} "
         f"{_ms(c.beside.itl_s.p99):>7} {_ratio(c.tbt_ratio):>7} "
         f"{c.alone.slo_attainment:>11.1%} {c.beside.slo_attainment:>7.1%} {attained_ok:<6} "
