@@ -15,7 +15,7 @@ from shunter.engine.sched.lvf import (
     num_slots_freed,
     time_out,
 )
-from shunter.engine.sched.policy import Decision
+from shunter.engine.sched.policy import Decision, PolicyInput
 from shunter.engine.sched.room import Room
 from tests.engine.sched.helpers import Book, ids
 
@@ -567,6 +567,19 @@ def test_lvf_plus_does_not_rotate_for_running_slots_alone() -> None:
     assert ids(LvfPlusPolicy().schedule(book.state(10.0, 8, 8, slots=1)).admit) == ["lagging"]
 
 
+def _fig9_second_rotation(tokens: int) -> PolicyInput:
+    """Fig. 9 at its second rotation: A and B rotary and lagging, C and D running for
+    0.2 s with ``tokens`` tokens each since their first at 1 s; no block free, B_xfer
+    of two, a 0.04 s round trip."""
+    book = Book()
+    book.add("A", S, t_arr=0.0, t_last=1.0)
+    book.add("B", S, t_arr=0.0, t_last=1.0)
+    for name in ("C", "D"):
+        r = book.add(name, R, t_run=1.0)
+        r.t_first_token, r.num_output_tokens = 1.0, tokens
+    return book.state(now=1.2, free=0, xfer=2, swap_s=lambda r: 0.04)
+
+
 @pytest.mark.parametrize(
     ("tokens", "rotated"),
     [
@@ -584,13 +597,7 @@ def test_lvf_plus_rotates_out_only_requests_whose_tbt_slack_covers_the_time_out(
     their KV over the link (0.04 s here), the wait on the host until their VLT overtakes
     the most lagging candidate's (A's 0.6 s, growing one a second, against 3 a second
     from 0: 0.3 s) and one token gap (TBT 0.1 s)."""
-    book = Book()
-    book.add("A", S, t_arr=0.0, t_last=1.0)
-    book.add("B", S, t_arr=0.0, t_last=1.0)
-    for name in ("C", "D"):
-        r = book.add(name, R, t_run=1.0)
-        r.t_first_token, r.num_output_tokens = 1.0, tokens
-    state = book.state(now=1.2, free=0, xfer=2, swap_s=lambda r: 0.04)
+    state = _fig9_second_rotation(tokens)
     assert sorted(ids(LvfPolicy().schedule(state).preempt)) == ["C", "D"]
     expected = ["C", "D"] if rotated else []
     assert sorted(ids(LvfPlusPolicy().schedule(state).preempt)) == expected
@@ -721,13 +728,7 @@ def test_lvf_shed_rotates_out_only_requests_that_can_wait_a_ttft_target(
     request rotated out waits for its next token as a new one for its first, so its TBT
     slack must cover its SLO class's TTFT target (5 s) where that is longer than LVF's
     estimate (0.3 s), with the round trip (0.04 s) and a token gap (0.1 s)."""
-    book = Book()
-    book.add("A", S, t_arr=0.0, t_last=1.0)
-    book.add("B", S, t_arr=0.0, t_last=1.0)
-    for name in ("C", "D"):
-        r = book.add(name, R, t_run=1.0)
-        r.t_first_token, r.num_output_tokens = 1.0, tokens
-    state = book.state(now=1.2, free=0, xfer=2, swap_s=lambda r: 0.04)
+    state = _fig9_second_rotation(tokens)
     expected = ["C", "D"] if rotated else []
     assert sorted(ids(LvfShedPolicy().schedule(state).preempt)) == expected
 
