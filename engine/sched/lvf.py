@@ -117,12 +117,12 @@ class LvfPolicy(Policy):
         else:
             ranks = [priority(r) for r in candidates]
             head = sorted(range(len(candidates)), key=lambda i: (lag[i], ranks[i]), reverse=True)
-        lost = [False] * len(candidates)
+        lost: set[int] = set()  # indices of lost candidates: none unless the policy sheds
         if self.sheds:
             # Candidates that can still meet their SLO before the lost, each in that order.
-            lost = [self._lost(r, state) for r in candidates]
-            head = [i for i in head if not lost[i]] + [i for i in head if lost[i]]
-        max_lag = next((lag[i] for i in head if not lost[i]), 0.0)
+            lost = {i for i, r in enumerate(candidates) if self._lost(r, state)}
+            head = [i for i in head if i not in lost] + [i for i in head if i in lost]
+        max_lag = lag[head[0]] if head and head[0] not in lost else 0.0
         xfer = xfer_left = state.xfer_budget
         room = state.free_room
         pool = room.pool
@@ -142,7 +142,9 @@ class LvfPolicy(Policy):
             r, cost, p = candidates[i], costs[i], pool(candidates[i])
             own = free.available(p)
             short = max(0, cost - own)
-            if short > xfer_left or (short and (lost[i] or not self._rotates_for(r, lag[i], now))):
+            if short > xfer_left or (
+                short and (i in lost or not self._rotates_for(r, lag[i], now))
+            ):
                 continue
             if short and self.rotation_bounded_by_victims:
                 if rotatable is None:
