@@ -89,9 +89,12 @@ class Policy(ABC):
     @abstractmethod
     def schedule(self, state: PolicyInput) -> Decision: ...
 
-    def passive_victim(self, running: Iterable[Request], now: float) -> Request:
-        """The running request to preempt when a decode of its model finds no block:
-        the latest arrival (vLLM's passive preemption)."""
+    def passive_victim(
+        self, running: Iterable[Request], now: float, step_s: float | None = None
+    ) -> Request:
+        """The running request to preempt when a decode of its model finds no block
+        (``step_s``: the last step's duration, once a step has run): the latest arrival
+        (vLLM's passive preemption)."""
         return max(running, key=attrgetter("t_arr"))
 
 

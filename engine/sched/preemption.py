@@ -35,23 +35,25 @@ def preempt(r: Request, plan: StepPlan, memory: KVMemory, q: RequestQueues, *, s
 class Preemptor:
     """Preemption for want of blocks, which the policy does not decide: a decode out of
     blocks (``Decodes``) and a floor given back (``Capacity.repay``). ``victim(running,
-    now)`` picks the request to preempt among a model's running ones (the policy's
-    ``passive_victim``); ``swap`` as for ``preempt``."""
+    now, step_s)`` picks the request to preempt among a model's running ones (the
+    policy's ``passive_victim``), ``step_s`` being the last step's duration (None until
+    a step has run; the scheduler sets it); ``swap`` as for ``preempt``."""
 
     def __init__(
         self,
         memory: KVMemory,
         *,
         swap: bool,
-        victim: Callable[[Iterable[Request], float], Request],
+        victim: Callable[[Iterable[Request], float, float | None], Request],
     ) -> None:
         self.memory = memory
         self.swap = swap
         self.victim = victim
+        self.step_s: float | None = None
 
     def pick(self, running: Iterable[Request], now: float) -> Request:
         """The request to preempt among ``running`` (not empty)."""
-        return self.victim(running, now)
+        return self.victim(running, now, self.step_s)
 
     def preempt(self, r: Request, plan: StepPlan, q: RequestQueues) -> None:
         """``preempt`` with this engine's ``swap``."""

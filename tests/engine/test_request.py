@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shunter.engine.config import SloSpec
-from shunter.engine.request import Request, RequestState, slo_slack, tbt_lost
+from shunter.engine.request import Request, RequestState, slo_lost, slo_slack, tbt_lost
 
 
 def make(state: RequestState, slo: SloSpec, **times: float | None) -> Request:
@@ -74,6 +74,23 @@ def test_tbt_lost_when_its_remaining_tokens_cannot_make_up_the_pace() -> None:
     assert not tbt_lost(r, 100.0, 0.05)  # no first token: its TTFT is at stake
     r.t_first_token, r.max_output_tokens = 20.0, 1
     assert not tbt_lost(r, 100.0, 0.05)  # one token has no gaps
+
+
+def test_slo_lost_once_the_first_token_is_late_or_the_tbt_target_out_of_reach() -> None:
+    """Arrived at 10 s with a 5 s TTFT target: lost from 15 s without a first token, and
+    for good once its first token came after 15 s, however fast its tokens come then;
+    with its first token in time, lost when its TBT target is out of reach."""
+    waiting = make(RequestState.WAITING, PAPER)
+    assert not slo_lost(waiting, 14.9, 0.05)
+    assert slo_lost(waiting, 15.0, 0.05)
+    late = make(RequestState.RUNNING, PAPER, t_first_token=15.5, num_output_tokens=3)
+    assert slo_lost(late, 15.6, 0.05)  # on its TBT pace, but its TTFT missed
+    on_time = make(RequestState.RUNNING, PAPER, t_first_token=14.0, num_output_tokens=3)
+    on_time.max_output_tokens = 11  # 1 s of token gaps from 14 s; 8 more a step each
+    assert not slo_lost(on_time, 14.5, 0.05)  # behind its pace, but it can catch up
+    assert slo_slack(on_time, 14.5) < 0.0
+    assert slo_lost(on_time, 14.7, 0.05)
+    assert not slo_lost(on_time, 14.7, None)  # no step measured yet
 
 
 def test_token_accounting_and_latencies() -> None:

@@ -676,6 +676,27 @@ def test_lvf_plus_preempts_passively_a_request_behind_its_slo_before_the_latest_
     assert LvfPlusPolicy().passive_victim([ahead, new], 10.0) is new
 
 
+def test_lvf_plus_preempts_passively_a_request_out_of_reach_before_one_behind() -> None:
+    """A request behind its TBT pace that can still catch up goes after one that cannot
+    meet its SLO any more: its first token came late, or its TBT target is out of reach
+    at the last step's duration, even when that one arrived earlier."""
+    book = Book()
+    lost = book.add("lost", R, t_arr=0.0, t_run=0.0)  # first token 6 s after arrival
+    lost.t_first_token, lost.num_output_tokens = 6.0, 40  # on its pace since
+    behind = book.add("behind", R, t_arr=3.0, t_run=3.0)
+    behind.t_first_token, behind.num_output_tokens = 4.0, 50  # 5 s of TBT, 6 s gone
+    behind.max_output_tokens = 200  # 150 more at 0.05 s a step gain 7.5 s
+    assert LvfPlusPolicy().passive_victim([lost, behind], 10.0, 0.05) is lost
+    # lvf+shed keeps the rule before it: behind its SLO first (the lost one is on pace).
+    assert LvfShedPolicy().passive_victim([lost, behind], 10.0, 0.05) is behind
+    on_time = book.add("on_time", R, t_arr=1.0, t_run=1.0)
+    on_time.t_first_token, on_time.num_output_tokens = 2.0, 10  # 1 s of TBT, 8 s gone
+    on_time.max_output_tokens = 20  # 10 more at 0.05 s a step gain 0.5 s: out of reach
+    assert LvfPlusPolicy().passive_victim([behind, on_time], 10.0, 0.05) is on_time
+    # Without a measured step, a TBT target is never judged out of reach.
+    assert LvfPlusPolicy().passive_victim([behind, on_time], 10.0) is behind
+
+
 def test_lvf_shed_puts_a_request_past_its_ttft_target_after_those_still_in_time() -> None:
     """Room for one: LVF and lvf+ take "late" (VLT 7.5, 5 s past its 5 s target) before
     "fresh" (VLT 1.5, 1 s of its target left); lvf+shed takes "fresh", and "late" once
