@@ -566,6 +566,19 @@ def test_lvf_plus_passive_preemption_swaps_out_a_request_behind_its_slo() -> Non
     assert old.num_output_tokens == 8 and new.num_output_tokens == 8
 
 
+def test_passive_victims_are_judged_at_the_last_steps_duration() -> None:
+    """lvf+ judges a TBT target out of reach at one token a step: the preemptor that
+    asks it for a victim knows the last step's duration once a step has run."""
+    config = tiny_config(kv_blocks=4, policy="lvf+", rotation=NO_ROTATION)
+    core, _ = make_core(config)
+    assert core.scheduler.preemptor.step_s is None
+    core.add_request(request("a", 4, 8))
+    stats = core.step()
+    step_s = core.scheduler.preemptor.step_s
+    assert step_s is not None and step_s > 0.0
+    assert step_s == pytest.approx(stats.duration_s)
+
+
 def test_a_temporal_model_below_its_floor_gets_memory_back_while_it_waits_for_its_turn() -> None:
     """The holder gives back what a waiting model below its KV floor lacks in the steps
     it runs, not only in the steps the waiting model holds the turn: the memory is there
