@@ -228,9 +228,10 @@ def slo_lost(r: Request, now: float, step_s: float | None) -> bool:
     """Whether a request can no longer meet both its SLOs whatever is done for it:
     without its first token, past its TTFT target; with it, its first token came late,
     or its TBT target is out of reach at one token per ``step_s`` (``tbt_lost``)."""
-    if r.t_first_token is None:
+    ttft = r.ttft
+    if ttft is None:
         return ttft_slack(r, now) <= 0.0
-    return r.t_first_token - r.t_arr > r.slo.ttft_s or tbt_lost(r, now, step_s)
+    return ttft > r.slo.ttft_s or tbt_lost(r, now, step_s)
 
 
 def ttft_slack(r: Request, now: float) -> float:

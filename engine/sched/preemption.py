@@ -36,8 +36,8 @@ class Preemptor:
     """Preemption for want of blocks, which the policy does not decide: a decode out of
     blocks (``Decodes``) and a floor given back (``Capacity.repay``). ``victim(running,
     now, step_s)`` picks the request to preempt among a model's running ones (the
-    policy's ``passive_victim``), ``step_s`` being the last step's duration (None until
-    a step has run; the scheduler sets it); ``swap`` as for ``preempt``."""
+    policy's ``passive_victim``), ``step_s()`` giving the last step's duration (None
+    until a step has run); ``swap`` as for ``preempt``."""
 
     def __init__(
         self,
@@ -45,15 +45,16 @@ class Preemptor:
         *,
         swap: bool,
         victim: Callable[[Iterable[Request], float, float | None], Request],
+        step_s: Callable[[], float | None],
     ) -> None:
         self.memory = memory
         self.swap = swap
         self.victim = victim
-        self.step_s: float | None = None
+        self.step_s = step_s
 
     def pick(self, running: Iterable[Request], now: float) -> Request:
         """The request to preempt among ``running`` (not empty)."""
-        return self.victim(running, now, self.step_s)
+        return self.victim(running, now, self.step_s())
 
     def preempt(self, r: Request, plan: StepPlan, q: RequestQueues) -> None:
         """``preempt`` with this engine's ``swap``."""

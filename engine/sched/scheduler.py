@@ -123,7 +123,10 @@ class Scheduler:
         self.last_step_tokens: int | None = None
         self.num_recorded = 0  # tokens the last ``update`` gave requests
         swap = config.scheduler.preemption == "swap"
-        self.preemptor = preemptor = Preemptor(memory, swap=swap, victim=policy.passive_victim)
+        # The last step's duration is Admission's (``update`` sets it); built below.
+        self.preemptor = preemptor = Preemptor(
+            memory, swap=swap, victim=policy.passive_victim, step_s=lambda: self.admission.step_s
+        )
         self.decodes = Decodes(memory, self.queues, self.kv, preemptor)
         self.pacing = Pacing(self.queues, self.tenancy) if policy.paces else None
         self.capacity = Capacity(self.kv, preemptor)
@@ -449,7 +452,7 @@ class Scheduler:
             self.step_budget.observe(
                 plan.num_batch_tokens, result.duration_s, passes, num_seqs=len(plan.batch)
             )
-        self.admission.step_s = self.preemptor.step_s = result.duration_s
+        self.admission.step_s = result.duration_s
         if self.pacing is not None:
             self.pacing.observe(result.compute_s)
         if self.tenancy.turn_length.is_measuring:  # only the steps after a switch

@@ -571,10 +571,10 @@ def test_passive_victims_are_judged_at_the_last_steps_duration() -> None:
     asks it for a victim knows the last step's duration once a step has run."""
     config = tiny_config(kv_blocks=4, policy="lvf+", rotation=NO_ROTATION)
     core, _ = make_core(config)
-    assert core.scheduler.preemptor.step_s is None
+    assert core.scheduler.preemptor.step_s() is None
     core.add_request(request("a", 4, 8))
     stats = core.step()
-    step_s = core.scheduler.preemptor.step_s
+    step_s = core.scheduler.preemptor.step_s()
     assert step_s is not None and step_s > 0.0
     assert step_s == pytest.approx(stats.duration_s)
 
