@@ -74,6 +74,7 @@ class KVMemory(Relocation):
         self.host = HostSwap(config.host_swap_bytes)
         self.bounds = KvBounds(config.tenants)
         self._lent: dict[str, int] = {}  # bytes of each model's unheld floor others may take
+        self._suspended: frozenset[str] = frozenset()  # models whose floor does not hold now
         self._remap = config.remap
         self._kv_bytes = self.arena.num_free_pages * self.arena.page_bytes
         self._kv_bytes += sum(self._lendable_bytes(m) for m in config.models)
@@ -180,6 +181,14 @@ class KVMemory(Relocation):
         less) is owed back: ``floor_debt``."""
         self._lent = {m: n for m, n in lent.items() if n > 0}
 
+    def suspend_floors(self, models: Iterable[str]) -> None:
+        """From now on the floors of ``models`` do not hold, and the others' hold again:
+        what such a model holds is beyond its floor, for the other models to take as
+        they take memory beyond a floor, and the part of its floor it does not hold is
+        not kept for it. A floor that holds again and lacks pages others took is owed
+        back (``floor_debt``)."""
+        self._suspended = frozenset(models)
+
     def floor_debt(self) -> int:
         """Bytes the kept floors lack of the free pages: what models holding more than
         their floor took of floors lent and since recalled (or what layers restored
@@ -200,7 +209,8 @@ class KVMemory(Relocation):
     def _beyond_floor(self, model: str) -> int:
         """Bytes the model's pool holds beyond its floor (negative: short of it)."""
         pool = self._pools[model]
-        return pool.num_held * pool.block_bytes - self.bounds.floors.get(model, 0)
+        floor = 0 if model in self._suspended else self.bounds.floors.get(model, 0)
+        return pool.num_held * pool.block_bytes - floor
 
     @property
     def free_page_bytes(self) -> int:
@@ -804,7 +814,8 @@ class KVMemory(Relocation):
 
     def _claim_limit(self, pool: BlockPool) -> Callable[[], int]:
         def limit() -> int:
-            room = self.bounds.room(pool.model, self.held_bytes(), self.free_page_bytes, self._lent)
+            lent = {**self._lent, **{m: self.bounds.floors.get(m, 0) for m in self._suspended}}
+            room = self.bounds.room(pool.model, self.held_bytes(), self.free_page_bytes, lent)
             return room // pool.chunk_bytes
 
         return limit

@@ -297,6 +297,14 @@ class Scheduler:
             q.land(self.memory.has_landed)
         urgency = self.turns.urgency(now)
         executing = self.tenancy.executing(now, self.turns.has_work, urgency)
+        if self.rotates:
+            # A temporal model without the turn cannot use its floor until it holds the
+            # turn: its floor does not hold meanwhile, so the models that run may rotate
+            # its paused requests out and take their memory and the rest of its floor,
+            # and it is owed its floor back once it holds the turn (``Capacity.repay``).
+            # Kept, the floors of paused requests and of idle models left the holder a
+            # few requests a step while its others waited on the host.
+            self.memory.suspend_floors(self.tenancy.without_turn)
         if self.remapper is not None:
             pressure = self.kv.pressure(
                 executing,

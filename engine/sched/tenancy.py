@@ -35,7 +35,9 @@ Each model is a tenant (``config.TenantSpec``) with a sharing mode and a priorit
   hold the memory, never gets it.
 
 A temporal model without the turn is *inactive*: its layers are remapped first and its
-requests' KV rotates out first. Spatial models and the turn holder are *active*.
+requests' KV rotates out first. Spatial models and the turn holder are *active*. Where
+the policy rotates, a temporal model without the turn holds no KV floor meanwhile
+(``Scheduler.schedule``, ``KVMemory.suspend_floors``).
 
 The quantum follows the measured cost of a switch (``turn_length``): at least four times
 it, at most what the temporal tenants' tightest TTFT target leaves, never under the
@@ -132,6 +134,12 @@ class Tenancy:
             duration_s=duration_s,
             compute_s=compute_s,
         )
+
+    @property
+    def without_turn(self) -> list[str]:
+        """The temporal models that do not hold the turn: they wait for it, or are
+        idle."""
+        return [m for m in self.temporal if m != self.holder]
 
     def is_active(self, model: str) -> bool:
         return model == self.holder or self.tenants[model].sharing == "spatial"

@@ -48,6 +48,26 @@ def test_a_floor_lent_then_recalled_is_owed_back() -> None:
     assert memory.num_free_blocks("tiny") == 4  # the free pages, all of them its floor's
 
 
+def test_a_suspended_floor_keeps_nothing_and_is_owed_back_once_it_holds_again() -> None:
+    block = TINY.block_bytes(4)  # one block per page in tiny_config
+    config = tiny_config(
+        kv_blocks=10, models=(TINY, OTHER), tenants=(TenantSpec("tiny", kv_floor=6 * block),)
+    )
+    memory = KVMemory(config)
+    memory.allocate(request("t", 8, 4, model="tiny"))  # 2 blocks of its floor in use
+    assert not memory.above_floor("tiny") and memory.num_free_blocks("other") == 4
+    memory.suspend_floors(["tiny"])
+    # What it holds is beyond its floor (others may rotate it out), and the rest of the
+    # floor is not kept for it: the 8 free pages are the other model's to take.
+    assert memory.above_floor("tiny") and memory.beyond_floor_bytes("tiny") == 2 * block
+    assert memory.kept_floor_bytes("tiny") == 0 and memory.num_free_blocks("other") == 8
+    memory.allocate(request("o", 24, 4, model="other"))  # 6 blocks: 2 of tiny's floor
+    assert memory.floor_debt() == 0
+    memory.suspend_floors([])  # it holds again: 2 blocks owed back
+    assert memory.floor_debt() == 2 * block and memory.num_free_blocks("other") == 0
+    assert not memory.above_floor("tiny") and memory.kept_floor_bytes("tiny") == 4 * block
+
+
 def test_a_model_served_again_lends_nothing_of_its_floor_yet() -> None:
     block = TINY.block_bytes(4)
     config = tiny_config(

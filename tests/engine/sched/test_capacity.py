@@ -196,3 +196,31 @@ def test_a_floor_is_repaid_by_preempting_only_what_the_borrower_holds_beyond_its
     while not core.is_idle():
         core.step()
     assert [r.num_output_tokens for r in (whole_floor, early, late)] == [2, 14, 12]
+
+
+def test_a_temporal_model_without_the_turn_holds_no_floor_where_the_policy_rotates() -> None:
+    """tiny's request holds part of its 8-block floor and waits while "other" holds the
+    turn. Under lvf+ the floor does not hold meanwhile: "other" takes more than the 4
+    blocks beyond it. Under fcfs, which does not rotate, it holds. Every request
+    finishes either way: tiny has its floor back once its turn comes."""
+    for policy, beyond_floor in (("lvf+", True), ("fcfs", False)):
+        temporal = (
+            TenantSpec("tiny", sharing="temporal", kv_floor=8 * BLOCK),
+            TenantSpec("other", sharing="temporal"),
+        )
+        config = tiny_config(kv_blocks=12, models=(TINY, OTHER), tenants=temporal, policy=policy)
+        core = make_core(config)[0]
+        paused = request("paused", 4, 40)
+        core.add_request(paused)
+        core.step()
+        others = [request(f"o{i}", 8, 8, model="other") for i in range(3)]  # 4 blocks each
+        for r in others:
+            core.add_request(r)
+        most = 0
+        while not core.is_idle():
+            core.step()
+            if core.scheduler.tenancy.holder == "other":
+                most = max(most, core.memory.held_bytes()["other"])
+        assert (most > 4 * BLOCK) is beyond_floor, policy
+        assert paused.num_output_tokens == 40
+        assert all(r.num_output_tokens == 8 for r in others)
