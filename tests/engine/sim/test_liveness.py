@@ -39,7 +39,7 @@ def engines(draw: st.DrawFn) -> tuple[SimConfig, list[WorkloadRequest]]:
     kv_gb = draw(st.floats(2.0, 5.0))
     hbm = (sum(m.param_bytes for m in models) + kv_gb * GB) / 0.9
     hardware = dataclasses.replace(gh200, name="gh200-small", hbm_bytes=hbm)
-    policy = draw(st.sampled_from(("fcfs", "wf", "sf", "lvf")))
+    policy = draw(st.sampled_from(("fcfs", "wf", "sf", "lvf", "lvf+", "lvf+shed")))
     floor = draw(st.sampled_from((0.0, 0.05, 0.1)))
     tenants = tuple(
         TenantSpec(
