@@ -814,7 +814,9 @@ class KVMemory(Relocation):
 
     def _claim_limit(self, pool: BlockPool) -> Callable[[], int]:
         def limit() -> int:
-            lent = {**self._lent, **{m: self.bounds.floors.get(m, 0) for m in self._suspended}}
+            lent = self._lent
+            if self._suspended:  # a floor that does not hold is lent whole
+                lent = {**lent, **{m: self.bounds.floors.get(m, 0) for m in self._suspended}}
             room = self.bounds.room(pool.model, self.held_bytes(), self.free_page_bytes, lent)
             return room // pool.chunk_bytes
 

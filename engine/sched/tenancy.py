@@ -36,8 +36,8 @@ Each model is a tenant (``config.TenantSpec``) with a sharing mode and a priorit
 
 A temporal model without the turn is *inactive*: its layers are remapped first and its
 requests' KV rotates out first. Spatial models and the turn holder are *active*. Where
-the policy rotates, a temporal model without the turn holds no KV floor meanwhile
-(``Scheduler.schedule``, ``KVMemory.suspend_floors``).
+the policy rotates, a temporal model without the turn holds no KV floor while another
+holds it (``Scheduler.schedule``, ``KVMemory.suspend_floors``).
 
 The quantum follows the measured cost of a switch (``turn_length``): at least four times
 it, at most what the temporal tenants' tightest TTFT target leaves, never under the

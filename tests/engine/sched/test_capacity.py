@@ -224,3 +224,22 @@ def test_a_temporal_model_without_the_turn_holds_no_floor_where_the_policy_rotat
         assert (most > 4 * BLOCK) is beyond_floor, policy
         assert paused.num_output_tokens == 40
         assert all(r.num_output_tokens == 8 for r in others)
+
+
+def test_with_no_turn_holder_a_temporal_models_floor_holds() -> None:
+    """tiny is temporal and idle, so nobody holds the turn: its floor holds under lvf+ as
+    a spatial model's does, and "other" never holds more than the 4 blocks beyond it."""
+    tenants = (
+        TenantSpec("tiny", sharing="temporal", kv_floor=8 * BLOCK),
+        TenantSpec("other"),
+    )
+    config = tiny_config(kv_blocks=12, models=(TINY, OTHER), tenants=tenants, policy="lvf+")
+    core = make_core(config)[0]
+    others = [request(f"o{i}", 8, 8, model="other") for i in range(3)]  # 4 blocks each
+    for r in others:
+        core.add_request(r)
+    while not core.is_idle():
+        core.step()
+        assert core.scheduler.tenancy.holder is None
+        assert core.memory.held_bytes()["other"] <= 4 * BLOCK
+    assert all(r.num_output_tokens == 8 for r in others)
