@@ -164,7 +164,9 @@ DEFAULT_SLO = SloSpec("default", ttft_s=5.0, tbt_s=0.1)
 class TenantSpec:
     """One model's tenancy: ``sharing`` mode, ``slo`` (the default class of its
     requests), ``priority`` (higher runs first and loses layers last), and KV bounds in
-    bytes: ``kv_floor`` is kept for it alone, ``kv_ceiling`` (None: no bound) caps it.
+    bytes: ``kv_floor`` is kept for it alone (a temporal model's only while it holds
+    the turn or none does, where the policy rotates: ``KVMemory.suspend_floors``),
+    ``kv_ceiling`` (None: no bound) caps it.
 
     Spatial models execute in every step in which they have work; temporal models take
     turns (see ``sched.tenancy``).
