@@ -173,7 +173,9 @@ class Capacity:
         s and 9.8 s against a 5 s TTFT target while Llama-2-13B held 4.8-5 GB of free
         blocks beyond its floor). The pages given back for it stay its own (its floor
         keeps them); without a floor they would not, and the holder would claim them
-        again, so a model without one is counted only when it executes.
+        again, so a model without one is counted only when it executes. Where the
+        policy rotates, a temporal model's floor does not hold while another holds the
+        turn (``KVMemory.suspend_floors``), so it is owed nothing until its turn.
         """
         owed = [
             m
