@@ -298,16 +298,14 @@ class Scheduler:
         urgency = self.turns.urgency(now)
         executing = self.tenancy.executing(now, self.turns.has_work, urgency)
         if self.rotates:
-            # While a temporal model holds the turn, the others cannot use their floors
-            # until theirs: their floors do not hold meanwhile, so the models that run
-            # may rotate their paused requests out and take their memory and the rest
-            # of their floors, and each is owed its floor back once it holds the turn
-            # (``Capacity.repay``). Kept, the floors of paused requests and of idle
-            # models left the holder a few requests a step while its others waited on
-            # the host. With no holder every floor holds: a temporal model's first
+            # A paused model cannot use its floor until its turn: its floor does not hold
+            # meanwhile, so the models that run may rotate its requests out and take
+            # their memory and the rest of the floor, which is owed back once it holds
+            # the turn (``Capacity.repay``). Kept, the floors of paused requests and of
+            # idle models left the holder a few requests a step while its others waited
+            # on the host. With no holder every floor holds: a temporal model's first
             # request finds its floor, as a spatial model's does.
-            holding = self.tenancy.holder is not None
-            self.memory.suspend_floors(self.tenancy.without_turn if holding else ())
+            self.memory.suspend_floors(self.tenancy.paused)
         if self.remapper is not None:
             pressure = self.kv.pressure(
                 executing,

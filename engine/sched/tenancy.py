@@ -136,9 +136,11 @@ class Tenancy:
         )
 
     @property
-    def without_turn(self) -> list[str]:
-        """The temporal models that do not hold the turn: they wait for it, or are
-        idle."""
+    def paused(self) -> list[str]:
+        """The temporal models that cannot run until another model's turn ends: every
+        one but the holder, waiting or idle; none when no model holds the turn."""
+        if self.holder is None:
+            return []
         return [m for m in self.temporal if m != self.holder]
 
     def is_active(self, model: str) -> bool:
