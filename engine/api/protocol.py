@@ -38,15 +38,90 @@ MAX_SEQUENCES = 128
 # The OpenAI API's default for /v1/completions; chat defaults to the rest of the context.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
-# What the OpenAI or vLLM API offers and this engine refuses, and why.
-UNSUPPORTED = {
-    "echo": "'echo' (returning the prompt with the completion) is not supported.",
-    "suffix": "'suffix' (text after the insertion point) is not supported.",
-    "functions": "'functions' (deprecated function calling) is not supported: use 'tools'.",
-    "function_call": "'function_call' (deprecated function calling) is not supported: use "
-    "'tool_choice'.",
+
+@dataclass(frozen=True)
+class Refused:
+    """A field the APIs define that this engine does not implement: the 400's message,
+    and the values it takes all the same, which ask for what the engine does anyway
+    (empty or false, or the field's vLLM default where that is what the engine does).
+    A field not sent is taken."""
+
+    message: str
+    taken: tuple[Any, ...] = (False, "", [], {})
+
+
+_GUIDED = (
+    "(vLLM's guided decoding, 'structured_outputs' since vLLM 0.12) is not supported: "
+    "constrain the answer with 'response_format' (json_object or json_schema)."
+)
+# What a client may ask that would change the answer, and the engine cannot do: refused
+# with a 400 rather than ignored, since an answer that silently lacks it looks right.
+UNSUPPORTED: dict[str, Refused] = {
+    "echo": Refused("'echo' (returning the prompt with the completion) is not supported."),
+    "suffix": Refused("'suffix' (text after the insertion point) is not supported."),
+    "functions": Refused(
+        "'functions' (deprecated function calling) is not supported: use 'tools'."
+    ),
+    "function_call": Refused(
+        "'function_call' (deprecated function calling) is not supported: use 'tool_choice'."
+    ),
+    "structured_outputs": Refused(
+        "'structured_outputs' (vLLM's choice, regex, json and grammar constraints) is not "
+        "supported: constrain the answer with 'response_format' (json_object or "
+        "json_schema)."
+    ),
+    **{
+        name: Refused(f"'{name}' {_GUIDED}")
+        for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+    },
+    "structural_tag": Refused(f"'structural_tag' {_GUIDED}"),
+    "use_beam_search": Refused("'use_beam_search' (beam search) is not supported."),
+    "include_stop_str_in_output": Refused(
+        "'include_stop_str_in_output' is not supported: a stop string is left out of the output."
+    ),
+    "skip_special_tokens": Refused(
+        "'skip_special_tokens' other than true is not supported: special tokens are left out of "
+        "the text.",
+        taken=(True,),
+    ),
+    "truncate_prompt_tokens": Refused(
+        "'truncate_prompt_tokens' is not supported: a prompt is taken whole, and refused "
+        "when it leaves no room in the context."
+    ),
+    "prompt_logprobs": Refused("'prompt_logprobs' is not supported."),
+    "allowed_token_ids": Refused(
+        "'allowed_token_ids' is not supported: bias tokens with 'logit_bias'."
+    ),
+    "bad_words": Refused("'bad_words' is not supported: bias tokens with 'logit_bias'."),
+    "logits_processors": Refused("'logits_processors' is not supported."),
+    "return_tokens_as_token_ids": Refused(
+        "'return_tokens_as_token_ids' is not supported: 'return_token_ids' gives each "
+        "choice's token ids."
+    ),
+    "prompt_embeds": Refused("'prompt_embeds' is not supported: send text or token ids."),
+    "priority": Refused(
+        "A request's own 'priority' is not supported: the engine orders requests by their "
+        "tenant's priority.",
+        taken=(0,),
+    ),
+    # Chat only (``ChatCompletionRequest``).
+    "add_generation_prompt": Refused(
+        "'add_generation_prompt' other than true is not supported: the chat template always "
+        "opens the assistant's turn.",
+        taken=(True,),
+    ),
+    "continue_final_message": Refused(
+        "'continue_final_message' is not supported: the answer is a new assistant turn."
+    ),
+    "chat_template": Refused(
+        "'chat_template' is not supported: the model's own chat template is used."
+    ),
 }
 ROLES = ("system", "user", "assistant", "tool", "developer")
+# What the engine gives a chat template itself; ``chat_template_kwargs`` adds the rest.
+TEMPLATE_VARIABLES = frozenset(
+    {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "raise_exception"}
+)
 
 
 class ServedModelInfo(Protocol):
@@ -64,7 +139,10 @@ class ServedModelInfo(Protocol):
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]: ...
 
     def render_chat(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        variables: dict[str, Any] | None = None,
     ) -> str: ...
 
 
@@ -143,8 +221,14 @@ def parse_chat(
     messages = _messages(req.messages)
     shape = structure(body, chat=True)
     tools = [t.render() for t in shape.tools] if shape.mode == "auto" else None
+    variables = req.chat_template_kwargs or {}
+    if taken := sorted(set(variables) & TEMPLATE_VARIABLES):
+        raise bad_request(
+            f"'chat_template_kwargs' may not set {', '.join(taken)}: the request sets them.",
+            "chat_template_kwargs",
+        )
     try:
-        text = info.render_chat(messages, tools)
+        text = info.render_chat(messages, tools, variables)
     except ValueError as e:
         raise bad_request(str(e), "messages") from None
     # The template writes its own special tokens (a BOS among them): adding the
@@ -266,10 +350,17 @@ def _check_sequences(prompts: int, n: int, max_sequences: int) -> None:
 
 def _refuse_unsupported(req: CompletionRequest | ChatCompletionRequest) -> None:
     """A 400 for a field the APIs define and this engine refuses (``UNSUPPORTED``), unless
-    it is sent empty or false."""
+    it is not sent or sent with a value the engine takes (``Refused.taken``)."""
     for name in sorted(UNSUPPORTED):
-        if getattr(req, name) not in (None, False, "", []):
-            raise bad_request(UNSUPPORTED[name], name)
+        value, refused = getattr(req, name, None), UNSUPPORTED[name]
+        if value is not None and not _is_one_of(value, refused.taken):
+            raise bad_request(refused.message, name)
+
+
+def _is_one_of(value: Any, taken: tuple[Any, ...]) -> bool:
+    """Whether ``value`` is one of ``taken``, a JSON type for a JSON type: ``0`` is not
+    ``false``, nor ``1`` ``true``, as Python's equality would have them."""
+    return any(type(value) is type(t) and value == t for t in taken)
 
 
 def _prompt_list(prompt: Any) -> list[str | list[int]]:

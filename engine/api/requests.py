@@ -78,6 +78,24 @@ class _Request(BaseModel):
     suffix: Any = None
     functions: Any = None
     function_call: Any = None
+    # vLLM's, refused unless they ask for what the engine does anyway (``UNSUPPORTED``).
+    structured_outputs: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structural_tag: Any = None
+    use_beam_search: Any = None
+    include_stop_str_in_output: Any = None
+    skip_special_tokens: Any = None
+    truncate_prompt_tokens: Any = None
+    prompt_logprobs: Any = None
+    allowed_token_ids: Any = None
+    bad_words: Any = None
+    logits_processors: Any = None
+    return_tokens_as_token_ids: Any = None
+    prompt_embeds: Any = None
+    priority: Any = None
 
     @property
     def ignored(self) -> tuple[str, ...]:
@@ -98,6 +116,12 @@ class ChatCompletionRequest(_Request):
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: list[Any] | None = None  # ``structured`` reads them
     tool_choice: str | dict[str, Any] | None = None
+    # vLLM's: more variables for the chat template (Qwen3's ``enable_thinking``).
+    chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's, refused unless they ask for what the engine does anyway (``UNSUPPORTED``).
+    add_generation_prompt: Any = None
+    continue_final_message: Any = None
+    chat_template: Any = None
 
 
 def read_request(body: Any, *, chat: bool) -> CompletionRequest | ChatCompletionRequest:

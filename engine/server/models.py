@@ -102,17 +102,27 @@ class ServedModel:
         return ids
 
     def render_chat(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        variables: dict[str, Any] | None = None,
     ) -> str:
         """The prompt for ``messages``, with ``tools`` offered (templates read them as
-        ``tools``); ValueError when the template refuses them (a template may raise on a
-        role order it does not support)."""
+        ``tools``) and the request's own ``variables`` (vLLM's ``chat_template_kwargs``,
+        such as Qwen3's ``enable_thinking``); ValueError when the template refuses them
+        (a template may raise on a role order it does not support)."""
         try:
             template = _ENV.from_string(self.template_source)
             text: str = template.render(
-                messages=messages, tools=tools, add_generation_prompt=True, **self.special_tokens
+                **(variables or {}),
+                messages=messages,
+                tools=tools,
+                add_generation_prompt=True,
+                **self.special_tokens,
             )
-        except TemplateError as e:
+        except (TemplateError, TypeError, ValueError, LookupError, ArithmeticError) as e:
+            # The template is the model's and runs sandboxed: what fails is what the request
+            # gave it (its messages, tools and variables).
             raise ValueError(f"the chat template of model {self.name!r} failed: {e}") from None
         return text
 

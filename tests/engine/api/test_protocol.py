@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from shunter.engine.api.errors import ApiError
-from shunter.engine.api.protocol import parse_completion
+from shunter.engine.api.protocol import parse_chat, parse_completion
 
 
 class Info:
@@ -20,7 +20,10 @@ class Info:
         return [1 + len(word) % 50 for word in text.split()]
 
     def render_chat(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        variables: dict[str, Any] | None = None,
     ) -> str:
         return " ".join(m["content"] for m in messages)
 
@@ -71,6 +74,22 @@ def test_bad_values_name_their_parameter(fields: dict[str, Any], param: str) -> 
         ({"suffix": "end"}, "'suffix'"),
         ({"functions": [{"name": "f"}]}, "use 'tools'"),
         ({"function_call": "auto"}, "use 'tool_choice'"),
+        # vLLM's: each would change the answer, so none is ignored silently.
+        ({"structured_outputs": {"choice": ["yes", "no"]}}, "'response_format'"),
+        ({"guided_choice": ["yes", "no"]}, "'response_format'"),
+        ({"guided_regex": "[0-9]+"}, "guided decoding"),
+        ({"guided_json": {"type": "object"}}, "'structured_outputs' since"),
+        ({"guided_grammar": "root ::= 'a'"}, "'guided_grammar'"),
+        ({"use_beam_search": True}, "beam search"),
+        ({"include_stop_str_in_output": True}, "left out of the output"),
+        ({"skip_special_tokens": False}, "other than true"),
+        ({"truncate_prompt_tokens": 8}, "taken whole"),
+        ({"prompt_logprobs": 1}, "'prompt_logprobs'"),
+        ({"allowed_token_ids": [1, 2]}, "'logit_bias'"),
+        ({"bad_words": ["x"]}, "'bad_words'"),
+        ({"return_tokens_as_token_ids": True}, "'return_token_ids'"),
+        ({"priority": 5}, "tenant's priority"),
+        ({"priority": False}, "tenant's priority"),  # a boolean is not the integer 0
     ],
 )
 def test_what_the_engine_does_not_implement_is_refused_saying_so(
@@ -78,6 +97,24 @@ def test_what_the_engine_does_not_implement_is_refused_saying_so(
 ) -> None:
     error = refusal(**fields)
     assert says in error.message and "not supported" in error.message
+    assert error.param == next(iter(fields))
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"add_generation_prompt": False}, "add_generation_prompt"),
+        ({"continue_final_message": True}, "continue_final_message"),
+        ({"chat_template": "{{ messages }}"}, "chat_template"),
+        ({"guided_choice": ["a"]}, "guided_choice"),
+    ],
+)
+def test_chat_refuses_what_its_template_cannot_do(fields: dict[str, Any], param: str) -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "a b"}], **fields}
+    with pytest.raises(ApiError) as e:
+        parse_chat(body, Info())
+    assert e.value.status == 400 and e.value.param == param
+    assert "not supported" in e.value.message
 
 
 def test_what_changes_nothing_here_is_taken() -> None:
@@ -88,8 +125,24 @@ def test_what_changes_nothing_here_is_taken() -> None:
         best_of=2,
         n=2,
         echo=False,
+        # vLLM's, asking for what the engine does anyway.
+        skip_special_tokens=True,
+        use_beam_search=False,
+        include_stop_str_in_output=False,
+        priority=0,
+        bad_words=[],
     )
     assert request.n == 2 and request.ignored == ()
+    chat = parse_chat(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "a b"}],
+            "add_generation_prompt": True,
+            "continue_final_message": False,
+        },
+        Info(),
+    )
+    assert chat.ignored == ()
 
 
 def test_unknown_fields_are_ignored_and_named() -> None:
@@ -117,3 +170,20 @@ def test_best_of_runs_more_sequences_and_ranks_them_by_log_probability() -> None
     assert refusal(n=3, best_of=2).param == "best_of"
     assert refusal(best_of=2, stream=True).param == "best_of"
     assert refusal(best_of=9).param == "best_of"  # beyond MAX_N
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ([1], "'chat_template_kwargs' must be a valid dictionary"),
+        ({"messages": []}, "may not set messages"),
+        ({"add_generation_prompt": False, "bos_token": "x"}, "add_generation_prompt, bos_token"),
+        ({"raise_exception": "x"}, "may not set raise_exception"),
+    ],
+)
+def test_template_variables_may_not_replace_the_requests_own(kwargs: Any, says: str) -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "a"}]}
+    with pytest.raises(ApiError) as e:
+        parse_chat({**body, "chat_template_kwargs": kwargs}, Info())
+    assert e.value.status == 400 and e.value.param == "chat_template_kwargs"
+    assert says in e.value.message

@@ -68,3 +68,49 @@ def test_chat_prompts_keep_the_templates_bos_alone(
     # Completions keep the tokenizer's default: one BOS before the text.
     completion = parse_completion({"model": "m", "prompt": "hi", "max_tokens": 1}, served)
     assert completion.prompts[0] == [bos, *served.encode("hi", add_special_tokens=False)]
+
+
+def test_chat_template_kwargs_reach_the_template(
+    model_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    """vLLM's ``chat_template_kwargs`` (Qwen3's ``enable_thinking``) are the template's
+    variables; what they make the template fail on is a 400, not a server error."""
+    import json
+    import shutil
+
+    import pytest
+
+    from shunter.engine.api.errors import ApiError
+    from shunter.engine.api.protocol import parse_chat
+    from shunter.engine.exec.hf_config import model_spec_from_config, read_config
+    from shunter.engine.server.models import ModelArg, load_served_model
+
+    source = model_dirs["tiny-qwen2"]
+    qwen3 = tmp_path / "qwen3"
+    shutil.copytree(source, qwen3)
+    config = json.loads((qwen3 / "tokenizer_config.json").read_text())
+    config["chat_template"] = (
+        "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
+        "{% if enable_thinking is defined and not enable_thinking %}[no-think]{% endif %}"
+        "{{ '[x%d]' % (depth + 1) if depth is defined else '' }}"
+    )
+    (qwen3 / "tokenizer_config.json").write_text(json.dumps(config))
+    served = load_served_model(
+        ModelArg("m", qwen3), model_spec_from_config(read_config(source), "m")
+    )
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+
+    def prompt(**kwargs: object) -> list[int]:
+        return parse_chat({**body, **kwargs}, served).prompts[0]
+
+    def text(source: str) -> list[int]:
+        return served.encode(source, add_special_tokens=False)
+
+    assert prompt() == text("[user]hi")
+    assert prompt(chat_template_kwargs={"enable_thinking": False}) == text("[user]hi[no-think]")
+    assert prompt(chat_template_kwargs={"enable_thinking": True, "depth": 2}) == text(
+        "[user]hi[x3]"
+    )
+    with pytest.raises(ApiError) as e:
+        prompt(chat_template_kwargs={"depth": "two"})  # '"two" + 1' fails in the template
+    assert e.value.status == 400 and "chat template" in e.value.message
