@@ -2,32 +2,47 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shunter.engine.api.errors import ApiError
+from shunter.engine.api.protocol import parse_chat, parse_completion
+from shunter.engine.exec.hf_config import model_spec_from_config, read_config
+from shunter.engine.server.models import (
+    DEFAULT_CHAT_TEMPLATE,
+    ModelArg,
+    ServedModel,
+    load_served_model,
+)
+
+ROLES_AND_CONTENT = "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
+
+
+def with_template(source: Path, dest: Path, template: str) -> tuple[ServedModel, dict[str, Any]]:
+    """``source``'s model copied to ``dest`` with ``template`` as its chat template, served;
+    and its tokenizer config."""
+    shutil.copytree(source, dest)
+    config = json.loads((dest / "tokenizer_config.json").read_text())
+    config["chat_template"] = template
+    (dest / "tokenizer_config.json").write_text(json.dumps(config))
+    spec = model_spec_from_config(read_config(source), "m")
+    return load_served_model(ModelArg("m", dest), spec), config
 
 
 def test_chat_template_from_the_model_or_chatml(
     model_dirs: dict[str, Path], tmp_path: Path
 ) -> None:
-    import json
-    import shutil
-
-    from shunter.engine.exec.hf_config import model_spec_from_config, read_config
-    from shunter.engine.server.models import DEFAULT_CHAT_TEMPLATE, ModelArg, load_served_model
-
     source = model_dirs["tiny-qwen2"]
-    bare = tmp_path / "bare"
-    shutil.copytree(source, bare)
-    config = json.loads((bare / "tokenizer_config.json").read_text())
-    config["chat_template"] = (
-        "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
-    )
-    (bare / "tokenizer_config.json").write_text(json.dumps(config))
+    own, _ = with_template(source, tmp_path / "bare", ROLES_AND_CONTENT)
     (tmp_path / "none").mkdir()
     for file in ("config.json", "tokenizer.json"):
         shutil.copy(source / file, tmp_path / "none" / file)
     messages = [{"role": "user", "content": "hi"}]
     spec = model_spec_from_config(read_config(source), "m")
-    own = load_served_model(ModelArg("m", bare), spec)
     assert own.render_chat(messages) == "[user]hi"
     default = load_served_model(ModelArg("m", tmp_path / "none"), spec)
     assert default.template_source == DEFAULT_CHAT_TEMPLATE
@@ -39,23 +54,10 @@ def test_chat_template_from_the_model_or_chatml(
 def test_chat_prompts_keep_the_templates_bos_alone(
     model_dirs: dict[str, Path], tmp_path: Path
 ) -> None:
-    import json
-    import shutil
-
-    from shunter.engine.api.protocol import parse_chat, parse_completion
-    from shunter.engine.exec.hf_config import model_spec_from_config, read_config
-    from shunter.engine.server.models import ModelArg, load_served_model
-
-    source = model_dirs["tiny-llama"]  # its tokenizer adds a BOS
-    llama3 = tmp_path / "llama3"
-    shutil.copytree(source, llama3)
-    config = json.loads((llama3 / "tokenizer_config.json").read_text())
-    config["chat_template"] = (
-        "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
+    # tiny-llama's tokenizer adds a BOS.
+    served, config = with_template(
+        model_dirs["tiny-llama"], tmp_path / "llama3", "{{ bos_token }}" + ROLES_AND_CONTENT
     )
-    (llama3 / "tokenizer_config.json").write_text(json.dumps(config))
-    spec = model_spec_from_config(read_config(source), "m")
-    served = load_served_model(ModelArg("m", llama3), spec)
     bos = served.tokenizer.token_to_id(config["bos_token"])
     assert served.encode("hi")[0] == bos
 
@@ -75,28 +77,12 @@ def test_chat_template_kwargs_reach_the_template(
 ) -> None:
     """vLLM's ``chat_template_kwargs`` (Qwen3's ``enable_thinking``) are the template's
     variables; what they make the template fail on is a 400, not a server error."""
-    import json
-    import shutil
-
-    import pytest
-
-    from shunter.engine.api.errors import ApiError
-    from shunter.engine.api.protocol import parse_chat
-    from shunter.engine.exec.hf_config import model_spec_from_config, read_config
-    from shunter.engine.server.models import ModelArg, load_served_model
-
-    source = model_dirs["tiny-qwen2"]
-    qwen3 = tmp_path / "qwen3"
-    shutil.copytree(source, qwen3)
-    config = json.loads((qwen3 / "tokenizer_config.json").read_text())
-    config["chat_template"] = (
-        "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
-        "{% if enable_thinking is defined and not enable_thinking %}[no-think]{% endif %}"
-        "{{ '[x%d]' % (depth + 1) if depth is defined else '' }}"
-    )
-    (qwen3 / "tokenizer_config.json").write_text(json.dumps(config))
-    served = load_served_model(
-        ModelArg("m", qwen3), model_spec_from_config(read_config(source), "m")
+    served, _ = with_template(
+        model_dirs["tiny-qwen2"],
+        tmp_path / "qwen3",
+        ROLES_AND_CONTENT
+        + "{% if enable_thinking is defined and not enable_thinking %}[no-think]{% endif %}"
+        + "{{ '[x%d]' % (depth + 1) if depth is defined else '' }}",
     )
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
 
