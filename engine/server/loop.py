@@ -210,6 +210,9 @@ class EngineLoop:
 
     def _drain(self, *, block: bool) -> None:
         if block:
+            # Going idle: what ended without a step after it (aborts) leaves the gauges as
+            # the last step set them, so they are read again with the snapshot.
+            self._observe_queues()
             self._publish()
             self._waiting_idle = True
         try:
@@ -356,13 +359,18 @@ class EngineLoop:
                 )
         if memory.prefix_caching:
             metrics.on_prefix_cache(memory.prefix_stats)
+        self._observe_queues()
+
+    def _observe_queues(self) -> None:
+        """Each model's requests by state and its KV usage, into the gauges."""
+        core = self.engine.core
         for model, q in core.scheduler.queues.items():
-            metrics.on_queues(
+            self.metrics.on_queues(
                 model,
                 running=len(q.running),
                 waiting=len(q.waiting),
                 rotary=len(q.rotary) + len(q.landing),
-                kv=memory.usage(model),
+                kv=core.memory.usage(model),
             )
 
 

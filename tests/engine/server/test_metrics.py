@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -83,3 +84,35 @@ def test_a_scrape_token_opens_metrics_alone_and_open_metrics_needs_none(
         assert request("GET", server.url + "/admin/state").status_code == 401
     finally:
         state.metrics_token, state.open_metrics = None, False
+
+
+def test_gauges_go_back_to_zero_when_the_last_client_leaves(server: ServerThread) -> None:
+    """A request aborted while it runs ends with no step after it; the gauges still come
+    back to what the state says once the engine is idle."""
+    import http.client
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(server.url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    body = {"model": "qwen", "prompt": "left early", "max_tokens": 1000, "stream": True}
+    conn.request(
+        "POST",
+        "/v1/completions",
+        body=json.dumps({**body, "ignore_eos": True}),
+        headers={**AUTH, "Content-Type": "application/json"},
+    )
+    reply = conn.getresponse()
+    assert reply.status == 200
+    assert reply.readline().startswith(b"data: {")  # it runs
+    sample = server.state.metrics.registry.get_sample_value
+    qwen = {"model_name": "qwen"}
+    # The gauges are set after the step whose token the client may already have read.
+    deadline = time.monotonic() + 10
+    while sample("vllm:num_requests_running", qwen) != 1:
+        assert time.monotonic() < deadline, "the gauge never counted the request"
+        time.sleep(0.001)
+    conn.close()
+    state = server.wait_idle()
+    assert state["requests"]["live"] == 0
+    assert sample("vllm:num_requests_running", qwen) == 0
+    assert sample("vllm:kv_cache_usage_perc", qwen) == state["models"]["qwen"]["kv_usage"]

@@ -144,3 +144,12 @@ def test_clients_leaving_rotary_requests_leave_nothing_behind(tight: ServerThrea
     assert_no_leaks(after)
     assert after["models"]["qwen"]["kv_blocks_total"] == total_blocks
     assert sample("vllm:request_success_total", labels) == aborted_before + NUM_STREAMS
+    # No step ran after the aborts, yet the gauges say what the state says: nothing left.
+    qwen = {"model_name": "qwen"}
+    for gauge in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "shunter:num_requests_rotary",
+    ):
+        assert sample(gauge, qwen) == 0, gauge
+    assert sample("vllm:kv_cache_usage_perc", qwen) == after["models"]["qwen"]["kv_usage"]
