@@ -12,7 +12,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from shunter.engine.benchfigure import add_json_argument  # standard library only
-from shunter.engine.cliargs import comma_ints, comma_names, print_report  # argparse only
+from shunter.engine.cliargs import (  # argparse only
+    comma_ints,
+    comma_names,
+    positive_float,
+    positive_int,
+    print_report,
+    times,
+)
 
 
 def register(
@@ -82,7 +89,9 @@ def _add_bench_scheduler_parser(benches: argparse._SubParsersAction[Any]) -> Non
         default=(256, 1024, 4096),
         help="comma list of live request counts (default 256,1024,4096)",
     )
-    p.add_argument("--steps", type=int, default=100, help="timed steps per run (default 100)")
+    p.add_argument(
+        "--steps", type=positive_int, default=100, help="timed steps per run (default 100)"
+    )
     p.set_defaults(func=cmd_bench_scheduler)
 
 
@@ -104,8 +113,10 @@ def _add_bench_remap_parser(benches: argparse._SubParsersAction[Any]) -> None:
         "verbs, and the scheduler. Under the default running cap, and with every live "
         "request allowed to run. Host time on this machine (target <= 1.5 ms).",
     )
-    p.add_argument("--live", type=int, default=1024, help="live requests (default 1024)")
-    p.add_argument("--steps", type=int, default=60, help="timed steps per run (default 60)")
+    p.add_argument("--live", type=positive_int, default=1024, help="live requests (default 1024)")
+    p.add_argument(
+        "--steps", type=positive_int, default=60, help="timed steps per run (default 60)"
+    )
     add_json_argument(p)
     p.set_defaults(func=cmd_bench_remap)
 
@@ -175,26 +186,26 @@ def _add_bench_isolation_parser(benches: argparse._SubParsersAction[Any]) -> Non
     )
     p.add_argument(
         "--rate",
-        type=float,
+        type=positive_float,
         help="quiet or victim requests/s (default: 10 for the phases; on sim each "
         "scenario's, c1 0.5 and c2 0.2; on engine 0.5)",
     )
     p.add_argument(
         "--requests",
-        type=int,
+        type=positive_int,
         help="quiet requests a phase (default 60), or victim requests a phase on engine "
         "(default 20)",
     )
     p.add_argument(
         "--fanout",
-        type=lambda text: tuple(int(v) for v in text.split("x")),
+        type=times,
         default=(16, 8),
         help="the noisy request's prompts x n (default 16x8: 128 sequences, the engine's bound)",
     )
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads (default 1)")
     p.add_argument(
         "--step-target-ms",
-        type=float,
+        type=positive_float,
         help="the engine's step target (default: half the tightest TBT SLO, 25 ms for the "
         "interactive class)",
     )
@@ -213,14 +224,14 @@ def _add_bench_isolation_parser(benches: argparse._SubParsersAction[Any]) -> Non
     )
     p.add_argument(
         "--duration",
-        type=float,
+        type=positive_float,
         default=120.0,
         help="on sim: seconds of arrivals (default 120)",
     )
     p.add_argument("--seed", type=int, default=0, help="with --on: arrivals' seed (default 0)")
     p.add_argument(
         "--layers",
-        type=int,
+        type=positive_int,
         default=2,
         help="on engine: decoder layers of both tiny models (default 2, the preset's; "
         "remapping lends layers beyond two)",

@@ -64,9 +64,51 @@ def byte_count(text: str) -> int:
     return count
 
 
+def non_negative_float(text: str) -> float:
+    """A finite number of 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a number >= 0: {text!r}")
+    return value
+
+
+def share(text: str) -> float:
+    """A number between 0 and 1, both excluded: ``0.5``."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number between 0 and 1: {text!r}")
+    return value
+
+
 def comma_ints(text: str) -> tuple[int, ...]:
-    """A comma list of integers: ``1,32``."""
-    return tuple(int(v) for v in text.split(","))
+    """A comma list of positive integers: ``1,32``."""
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(
+            f"expected a comma list of positive integers such as 1,32: {text!r}"
+        )
+    return values
+
+
+def times(text: str) -> tuple[int, int]:
+    """Two positive integers joined by ``x``: ``16x8``."""
+    left, _, right = text.partition("x")
+    try:
+        pair = (int(left), int(right))
+    except ValueError:
+        pair = (0, 0)
+    if min(pair) <= 0:
+        raise argparse.ArgumentTypeError(f"expected two positive integers such as 16x8: {text!r}")
+    return pair
 
 
 def comma_names(text: str) -> tuple[str, ...]:

@@ -8,7 +8,13 @@ from collections.abc import Iterator
 from typing import Any
 
 from shunter.engine.benchfigure import add_json_argument  # standard library only
-from shunter.engine.cliargs import add_bench_arguments, print_report  # argparse only
+from shunter.engine.cliargs import (  # argparse only
+    add_bench_arguments,
+    positive_float,
+    positive_int,
+    print_report,
+    share,
+)
 
 
 def add_bench_gateway_parser(benches: argparse._SubParsersAction[Any]) -> None:
@@ -36,11 +42,15 @@ def add_bench_gateway_parser(benches: argparse._SubParsersAction[Any]) -> None:
         threads_help="engine torch threads",
         rounds=3,
     )
-    p.add_argument("--streams", type=int, default=32, help="concurrent streams (default 32)")
-    p.add_argument("--requests", type=int, default=32, help="requests per round (default 32)")
+    p.add_argument(
+        "--streams", type=positive_int, default=32, help="concurrent streams (default 32)"
+    )
+    p.add_argument(
+        "--requests", type=positive_int, default=32, help="requests per round (default 32)"
+    )
     p.add_argument(
         "--replicas",
-        type=int,
+        type=positive_int,
         default=1,
         help="2 or more: serve the model on that many engines (nodes) and measure a steady "
         "load through the gateway with the first engine killed (SIGKILL) mid-run against "
@@ -48,17 +58,20 @@ def add_bench_gateway_parser(benches: argparse._SubParsersAction[Any]) -> None:
         "fails)",
     )
     p.add_argument(
-        "--clients", type=int, default=8, help="with --replicas: closed-loop clients (default 8)"
+        "--clients",
+        type=positive_int,
+        default=8,
+        help="with --replicas: closed-loop clients (default 8)",
     )
     p.add_argument(
         "--duration",
-        type=float,
+        type=positive_float,
         default=20.0,
         help="with --replicas: seconds per phase (default 20)",
     )
     p.add_argument(
         "--kill-at",
-        type=float,
+        type=share,
         default=0.5,
         help="with --replicas: when the engine is killed, as a share of the phase (default 0.5)",
     )

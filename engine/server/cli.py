@@ -12,6 +12,8 @@ from shunter.engine.cliargs import (  # argparse only
     add_bench_arguments,
     byte_count,
     comma_ints,
+    non_negative_float,
+    positive_float,
     positive_int,
     print_report,
 )
@@ -84,13 +86,15 @@ def add_engine_parser(sub: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument(
         "--kv-tokens",
-        type=int,
+        type=positive_int,
         help="KV tokens per model (with --hbm-budget: only the default host swap space)",
     )
-    p.add_argument("--grace", type=float, help="seconds in-flight requests get on SIGTERM")
+    p.add_argument(
+        "--grace", type=non_negative_float, help="seconds in-flight requests get on SIGTERM"
+    )
     p.add_argument(
         "--step-target-ms",
-        type=float,
+        type=positive_float,
         help="the time a step should take; prefill is chunked to fit it (default: half "
         "the tightest TBT SLO of the served models)",
     )
@@ -277,7 +281,9 @@ def add_bench_server_parser(benches: argparse._SubParsersAction[Any]) -> None:
         default=(1, 32),
         help="comma list of concurrent streams (default 1,32)",
     )
-    p.add_argument("--requests", type=int, default=32, help="requests per run (default 32)")
+    p.add_argument(
+        "--requests", type=positive_int, default=32, help="requests per run (default 32)"
+    )
     p.set_defaults(func=cmd_bench_server)
 
 

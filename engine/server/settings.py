@@ -137,18 +137,24 @@ def settings_from_dict(
     if max_sequences is not None and max_sequences < 1:
         raise SettingsError(f"{where}: max_sequences_per_request must be at least 1")
     step_target_ms = _typed(data, "step_target_ms", (int, float), where)
-    if step_target_ms is not None and step_target_ms <= 0:
+    if step_target_ms is not None and not step_target_ms > 0:
         raise SettingsError(f"{where}: step_target_ms must be positive")
+    kv_tokens = _typed(data, "kv_tokens", int, where)
+    if kv_tokens is not None and kv_tokens < 1:
+        raise SettingsError(f"{where}: kv_tokens must be at least 1")
+    grace_s = _typed(data, "grace_s", (int, float), where)
+    if grace_s is not None and not 0 <= grace_s < float("inf"):
+        raise SettingsError(f"{where}: grace_s must be a number of seconds >= 0")
     return EngineSettings(
         models=tuple(models),
         device=_typed(data, "device", str, where),
         hbm_budget=_bytes(data, "hbm_budget", where),
         host_budget=_bytes(data, "host_budget", where),
-        kv_tokens=_typed(data, "kv_tokens", int, where) or DEFAULT_KV_TOKENS,
+        kv_tokens=DEFAULT_KV_TOKENS if kv_tokens is None else kv_tokens,
         policy=policy,
         remap=remap,
         capacity_order=tuple(order),
-        grace_s=float(_typed(data, "grace_s", (int, float), where) or 30.0),
+        grace_s=30.0 if grace_s is None else float(grace_s),
         slo_classes=slos,
         max_sequences_per_request=max_sequences or MAX_SEQUENCES,
         step_target_s=None if step_target_ms is None else step_target_ms / 1000,

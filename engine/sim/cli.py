@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import Any
 
-from shunter.engine.cliargs import comma_names, comma_rates
+from shunter.engine.cliargs import comma_names, comma_rates, positive_float
 from shunter.engine.config import CAPACITY_SOURCES, POLICIES, SchedulerConfig
 
 DEFAULTS = SchedulerConfig()
@@ -291,8 +291,8 @@ def add_bench_simulator_parser(bench_sub: argparse._SubParsersAction[Any]) -> No
         "--policy lvf,fcfs,wf,sf --rps 20 --duration 120` and reports simulated seconds "
         "per wall second, per policy and overall.",
     )
-    p.add_argument("--rps", type=float, default=20.0)
-    p.add_argument("--duration", type=float, default=120.0)
+    p.add_argument("--rps", type=positive_float, default=20.0)
+    p.add_argument("--duration", type=positive_float, default=120.0)
     p.add_argument("--policy", type=comma_names, default=["lvf", "fcfs", "wf", "sf"])
     p.set_defaults(func=cmd_bench_simulator)
 

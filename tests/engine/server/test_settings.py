@@ -51,6 +51,11 @@ def test_config_file_and_flags_combine(tmp_path: Path) -> None:
         ('[[models]]\nname = "a"\npath = "/a"\nmax_context = "8k"\n', "max_context"),
         ('async_scheduling = "yes"\n[[models]]\nname = "a"\npath = "/a"\n', "async_scheduling"),
         ('enforce_eager = 1\n[[models]]\nname = "a"\npath = "/a"\n', "enforce_eager"),
+        ('kv_tokens = 0\n[[models]]\nname = "a"\npath = "/a"\n', "kv_tokens must be"),
+        ('kv_tokens = -5\n[[models]]\nname = "a"\npath = "/a"\n', "kv_tokens must be"),
+        ('grace_s = -1\n[[models]]\nname = "a"\npath = "/a"\n', "grace_s must be"),
+        ('grace_s = inf\n[[models]]\nname = "a"\npath = "/a"\n', "grace_s must be"),
+        ('step_target_ms = nan\n[[models]]\nname = "a"\npath = "/a"\n', "step_target_ms"),
     ],
 )
 def test_bad_config_files(tmp_path: Path, text: str, message: str) -> None:
@@ -75,11 +80,30 @@ def test_the_shipped_example_config_parses() -> None:
     assert {m.sharing for m in settings.models} <= {"spatial", "temporal"}
 
 
-def test_the_step_target_from_the_command_line_must_be_positive(
-    capsys: pytest.CaptureFixture[str],
+@pytest.mark.parametrize(
+    ("flag", "value", "says"),
+    [
+        ("--step-target-ms", "0", "expected a positive number"),
+        ("--step-target-ms", "nan", "expected a positive number"),
+        ("--kv-tokens", "0", "expected a positive integer"),
+        ("--kv-tokens", "-5", "expected a positive integer"),
+        ("--grace", "-1", "expected a number >= 0"),
+    ],
+)
+def test_the_command_lines_numbers_are_checked_as_they_are_read(
+    capsys: pytest.CaptureFixture[str], flag: str, value: str, says: str
 ) -> None:
     from shunter.project.cli import build_parser
 
-    ns = build_parser().parse_args(["engine", "--step-target-ms", "0", "--model", "m=/none"])
-    assert ns.step_target_ms == 0 and ns.func(ns) == 2
-    assert "--step-target-ms must be positive" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["engine", flag, value, "--model", "m=/none"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: {says}" in err and "Traceback" not in err
+
+
+def test_a_grace_of_zero_in_the_config_file_is_kept(tmp_path: Path) -> None:
+    """``grace_s = 0`` (no wait on shutdown) is a value, not a missing one."""
+    config = tmp_path / "engine.toml"
+    config.write_text('grace_s = 0\n[[models]]\nname = "a"\npath = "/a"\n')
+    assert load_settings(config, []).grace_s == 0.0
