@@ -9,45 +9,51 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TypeVar
 
 from shunter.engine.benchfigure import BenchFigure, ReportItem, write_figures
 
+N = TypeVar("N", int, float)
 _UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def _checked(text: str, parse: Callable[[str], N], ok: Callable[[N], bool], expected: str) -> N:
+    """``text`` read by ``parse`` if that value is ``ok``; else an ArgumentTypeError saying
+    what was ``expected``."""
+    try:
+        value = parse(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {expected}: {text!r}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"expected {expected}: {text!r}")
+    return value
 
 
 def positive_int(text: str) -> int:
     """An integer above 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer: {text!r}")
-    return value
+    return _checked(text, int, lambda v: v > 0, "a positive integer")
 
 
 def non_negative_int(text: str) -> int:
     """An integer of 0 or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0: {text!r}")
-    return value
+    return _checked(text, int, lambda v: v >= 0, "an integer >= 0")
 
 
 def positive_float(text: str) -> float:
     """A finite number above 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0 or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a positive number: {text!r}")
-    return value
+    return _checked(text, float, lambda v: 0 < v < math.inf, "a positive number")
+
+
+def non_negative_float(text: str) -> float:
+    """A finite number of 0 or more."""
+    return _checked(text, float, lambda v: 0 <= v < math.inf, "a number >= 0")
+
+
+def share(text: str) -> float:
+    """A number between 0 and 1, both excluded: ``0.5``."""
+    return _checked(text, float, lambda v: 0 < v < 1, "a number between 0 and 1")
 
 
 def byte_count(text: str) -> int:
@@ -57,33 +63,11 @@ def byte_count(text: str) -> int:
     number = value[:-1] if scale > 1 else value
     try:
         count = int(float(number) * scale)
-    except ValueError:
+    except (ValueError, OverflowError):  # not a number, or NaN or infinite
         raise argparse.ArgumentTypeError(f"expected a byte count such as 500M: {text!r}") from None
     if count <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive byte count: {text!r}")
     return count
-
-
-def non_negative_float(text: str) -> float:
-    """A finite number of 0 or more."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0 or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a number >= 0: {text!r}")
-    return value
-
-
-def share(text: str) -> float:
-    """A number between 0 and 1, both excluded: ``0.5``."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number between 0 and 1: {text!r}")
-    return value
 
 
 def comma_ints(text: str) -> tuple[int, ...]:

@@ -8,7 +8,15 @@ from collections.abc import Callable
 
 import pytest
 
-from shunter.engine.cliargs import comma_ints, non_negative_float, share, times
+from shunter.engine.cliargs import (
+    byte_count,
+    comma_ints,
+    non_negative_float,
+    positive_float,
+    positive_int,
+    share,
+    times,
+)
 
 
 def test_the_types_take_what_they_name() -> None:
@@ -32,6 +40,10 @@ def test_the_types_take_what_they_name() -> None:
         (share, "nan"),
         (non_negative_float, "-1"),
         (non_negative_float, "inf"),
+        (positive_int, "1.5"),
+        (positive_float, "nan"),
+        (byte_count, "inf"),
+        (byte_count, "nanG"),
     ],
 )
 def test_the_types_refuse_what_is_out_of_range(parse: Callable[[str], object], text: str) -> None:
