@@ -82,7 +82,10 @@ def cmd_bench_serve(ns: argparse.Namespace) -> int:
     if ns.save_requests:
         write_csv(ns.save_requests, (row for r in results for row in r.csv_rows()))
     if all(r.report.completed == 0 for r in results):
-        print("shunter bench serve: every request failed", file=sys.stderr)
+        # What went wrong, once: the first failure's error says it for most runs (a model
+        # name the server does not know, a parameter it refuses, no server at all).
+        first = next((e for r in results for e in r.report.errors if e), "no error recorded")
+        print(f"shunter bench serve: every request failed; the first: {first}", file=sys.stderr)
         return 1
     return 0
 
