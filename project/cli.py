@@ -209,6 +209,19 @@ PASSTHROUGH_RUNNERS: dict[str, Callable[[Sequence[str]], int]] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    from django.core.exceptions import ImproperlyConfigured
+
+    try:
+        return _run(args)
+    except ImproperlyConfigured as e:
+        # A setting from the environment that cannot be used (DATABASE_URL, a number, a
+        # log level): one line naming it, as for a bad argument, not a traceback.
+        command = " ".join(["shunter", *args[:1]])
+        print(f"{command}: configuration error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args: list[str]) -> int:
     if args and args[0] in PASSTHROUGH_RUNNERS:
         if args[0] != "manage":
             _setup_django()

@@ -50,6 +50,33 @@ def env_bool(name: str, default: bool) -> bool:
     raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean (use 1 or 0)")
 
 
+def env_number(name: str, default: float, *, least: float, integer: bool = False) -> Any:
+    """Read a number of at least ``least`` (an integer where ``integer``); unset or empty
+    is ``default``. Anything else is a configuration error naming the variable."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    kind = "an integer" if integer else "a number"
+    try:
+        value = int(raw) if integer else float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not {kind}") from None
+    if not least <= value < float("inf"):
+        raise ImproperlyConfigured(f"{name}={raw!r}: expected {kind} of at least {least:g}")
+    return value
+
+
+def env_log_level(name: str, default: str) -> str:
+    """Read a logging level name (DEBUG, INFO, WARNING, ERROR, CRITICAL)."""
+    raw = os.environ.get(name) or default
+    level = raw.strip().upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        raise ImproperlyConfigured(
+            f"{name}={raw!r} is not a log level (DEBUG, INFO, WARNING, ERROR or CRITICAL)"
+        )
+    return level
+
+
 def env_list(name: str, default: list[str]) -> list[str]:
     """Read a comma-separated list; blanks are dropped."""
     raw = os.environ.get(name)
@@ -235,22 +262,22 @@ LOGIN_URL = "admin:login"
 # Login throttling (shunter.platform.login_throttle), counted in the cache: this many
 # failed logins within the window, per user name and per client address, refuse further
 # logins for the cool-down, even with the right password.
-LOGIN_FAILURE_LIMIT = int(os.environ.get("SHUNTER_LOGIN_FAILURE_LIMIT", "5"))
-LOGIN_FAILURE_WINDOW_S = int(os.environ.get("SHUNTER_LOGIN_FAILURE_WINDOW_S", "900"))
-LOGIN_COOLDOWN_S = int(os.environ.get("SHUNTER_LOGIN_COOLDOWN_S", "900"))
+LOGIN_FAILURE_LIMIT = env_number("SHUNTER_LOGIN_FAILURE_LIMIT", 5, least=1, integer=True)
+LOGIN_FAILURE_WINDOW_S = env_number("SHUNTER_LOGIN_FAILURE_WINDOW_S", 900, least=1, integer=True)
+LOGIN_COOLDOWN_S = env_number("SHUNTER_LOGIN_COOLDOWN_S", 900, least=0, integer=True)
 
 # Consecutive node polls without an answer (a timeout, a connection cut) before the
 # node is marked unhealthy: one slow answer does not take it out of routing. A refused
 # connection or an error status marks it at once.
-NODE_POLL_MISSES = max(1, int(os.environ.get("SHUNTER_NODE_POLL_MISSES", "3")))
+NODE_POLL_MISSES = env_number("SHUNTER_NODE_POLL_MISSES", 3, least=1, integer=True)
 
-GATEWAY_READ_TIMEOUT_S = float(os.environ.get("SHUNTER_GATEWAY_READ_TIMEOUT_S", "600"))
+GATEWAY_READ_TIMEOUT_S = env_number("SHUNTER_GATEWAY_READ_TIMEOUT_S", 600.0, least=0.001)
 # How long a drain-first change waits for a cordoned node's requests in flight to finish
 # before it changes the node anyway.
-NODE_DRAIN_TIMEOUT_S = float(os.environ.get("SHUNTER_NODE_DRAIN_TIMEOUT_S", "60"))
-GATEWAY_MAX_SEQUENCES_PER_REQUEST = int(os.environ.get("SHUNTER_MAX_SEQUENCES_PER_REQUEST", "128"))
-if GATEWAY_MAX_SEQUENCES_PER_REQUEST < 1:
-    raise ImproperlyConfigured("SHUNTER_MAX_SEQUENCES_PER_REQUEST must be at least 1")
+NODE_DRAIN_TIMEOUT_S = env_number("SHUNTER_NODE_DRAIN_TIMEOUT_S", 60.0, least=0)
+GATEWAY_MAX_SEQUENCES_PER_REQUEST = env_number(
+    "SHUNTER_MAX_SEQUENCES_PER_REQUEST", 128, least=1, integer=True
+)
 GATEWAY_SPOOL_DIR = Path(os.environ.get("SHUNTER_SPOOL_DIR") or VAR_DIR / "spool").resolve()
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
@@ -320,7 +347,9 @@ HTTPS = env_bool("SHUNTER_HTTPS", not DEBUG)
 SECURE_SSL_REDIRECT = HTTPS
 SESSION_COOKIE_SECURE = HTTPS
 CSRF_COOKIE_SECURE = HTTPS
-SECURE_HSTS_SECONDS = int(os.environ.get("SHUNTER_HSTS_SECONDS", "31536000")) if HTTPS else 0
+SECURE_HSTS_SECONDS = (
+    env_number("SHUNTER_HSTS_SECONDS", 31536000, least=0, integer=True) if HTTPS else 0
+)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = HTTPS
 SECURE_HSTS_PRELOAD = HTTPS
 # The health probe is plain HTTP from inside the compose network.
@@ -334,7 +363,7 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "filters": {"refused_host": {"()": "shunter.project.logfilters.RefusedHost"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": os.environ.get("SHUNTER_LOG_LEVEL", "INFO")},
+    "root": {"handlers": ["console"], "level": env_log_level("SHUNTER_LOG_LEVEL", "INFO")},
     "loggers": {
         # Django's own console handler (DEBUG) would print each of its records a second
         # time beside the root's: its records go to the root alone.

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from shunter.project.settings import database_from_url, env_bool
+from shunter.project.settings import database_from_url, env_bool, env_log_level, env_number
 from tests.conftest import REPO, VENV_BIN, Process, free_port
 
 PROBE = (
@@ -106,6 +106,61 @@ def test_env_bool_rejects_garbage(monkeypatch: pytest.MonkeyPatch) -> None:
         env_bool("SHUNTER_FLAG", False)
     monkeypatch.setenv("SHUNTER_FLAG", "off")
     assert env_bool("SHUNTER_FLAG", True) is False
+
+
+@pytest.mark.parametrize(
+    ("raw", "integer", "says"),
+    [
+        ("abc", True, "is not an integer"),
+        ("1.5", True, "is not an integer"),
+        ("0", True, "of at least 1"),
+        ("nan", False, "of at least 1"),
+        ("inf", False, "of at least 1"),
+    ],
+)
+def test_env_number_names_the_variable_and_what_it_expects(
+    monkeypatch: pytest.MonkeyPatch, raw: str, integer: bool, says: str
+) -> None:
+    monkeypatch.setenv("SHUNTER_N", raw)
+    with pytest.raises(ImproperlyConfigured, match=f"SHUNTER_N='{raw}'.*{says}"):
+        env_number("SHUNTER_N", 3, least=1, integer=integer)
+
+
+def test_env_number_and_log_level_take_what_they_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SHUNTER_N", raising=False)
+    assert env_number("SHUNTER_N", 3, least=1, integer=True) == 3
+    monkeypatch.setenv("SHUNTER_N", "")
+    assert env_number("SHUNTER_N", 3, least=1, integer=True) == 3
+    monkeypatch.setenv("SHUNTER_N", "2.5")
+    assert env_number("SHUNTER_N", 3.0, least=0) == 2.5
+    monkeypatch.setenv("SHUNTER_LEVEL", "debug")
+    assert env_log_level("SHUNTER_LEVEL", "INFO") == "DEBUG"
+    monkeypatch.setenv("SHUNTER_LEVEL", "LOUD")
+    with pytest.raises(ImproperlyConfigured, match="SHUNTER_LEVEL='LOUD' is not a log level"):
+        env_log_level("SHUNTER_LEVEL", "INFO")
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "says"),
+    [
+        ("DATABASE_URL", "garbage", "DATABASE_URL scheme '' is not supported"),
+        ("SHUNTER_LOG_LEVEL", "LOUD", "is not a log level"),
+        ("SHUNTER_NODE_POLL_MISSES", "0", "expected an integer of at least 1"),
+    ],
+)
+def test_a_bad_setting_is_one_line_from_the_command_not_a_traceback(
+    clean_env: dict[str, str], variable: str, value: str, says: str
+) -> None:
+    run = subprocess.run(
+        [str(VENV_BIN / "shunter"), "manage", "check"],
+        env={**clean_env, variable: value},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    [line] = run.stderr.strip().splitlines()
+    assert line.startswith("shunter manage: configuration error: ") and says in line
 
 
 def test_database_connections_give_up_after_a_connect_timeout() -> None:
