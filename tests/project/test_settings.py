@@ -146,6 +146,7 @@ def test_env_number_and_log_level_take_what_they_name(monkeypatch: pytest.Monkey
         ("DATABASE_URL", "garbage", "DATABASE_URL scheme '' is not supported"),
         ("SHUNTER_LOG_LEVEL", "LOUD", "is not a log level"),
         ("SHUNTER_NODE_POLL_MISSES", "0", "expected an integer of at least 1"),
+        ("REDIS_URL", "127.0.0.1:6379", "REDIS_URL scheme '' is not supported"),
     ],
 )
 def test_a_bad_setting_is_one_line_from_the_command_not_a_traceback(
