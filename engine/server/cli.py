@@ -169,6 +169,7 @@ def cmd_engine(ns: argparse.Namespace) -> int:
         if settings.step_target_s is not None and settings.step_target_s <= 0:
             raise SettingsError("--step-target-ms must be positive")
         check_model_dirs(settings)
+        check_port(ns.host, ns.port)  # before the models load, which takes a while
         device = available_device(settings.device)
         token = engine_token(ns)
         state = build_state(
@@ -185,15 +186,41 @@ def cmd_engine(ns: argparse.Namespace) -> int:
     app = build_app(state)
     names = ", ".join(f"{n} ({m.arg.sharing})" for n, m in state.models.items())
     print(f"shunter engine: serving {names} on http://{ns.host}:{ns.port}", flush=True)
-    web.run_app(
-        app,
-        host=ns.host,
-        port=ns.port,
-        print=None,
-        handler_cancellation=True,
-        shutdown_timeout=settings.grace_s + 5,
-    )
+    try:
+        web.run_app(
+            app,
+            host=ns.host,
+            port=ns.port,
+            print=None,
+            handler_cancellation=True,
+            shutdown_timeout=settings.grace_s + 5,
+        )
+    except OSError as e:  # taken since the check: the app's cleanup has stopped the engine
+        print(
+            f"shunter engine: cannot listen on {ns.host}:{ns.port}: {e.strerror}", file=sys.stderr
+        )
+        return 1
     return 0
+
+
+def check_port(host: str, port: int) -> None:
+    """SettingsError when ``host``:``port`` cannot be listened on (another process holds
+    it, or the address is not this host's)."""
+    import socket
+
+    from shunter.engine.server.settings import SettingsError
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise SettingsError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp binds
+            try:
+                sock.bind(address)
+            except OSError as e:
+                raise SettingsError(f"cannot listen on {host}:{port}: {e.strerror}") from None
 
 
 def engine_token(ns: argparse.Namespace) -> str | None:
