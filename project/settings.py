@@ -281,10 +281,10 @@ GATEWAY_MAX_SEQUENCES_PER_REQUEST = env_number(
 GATEWAY_SPOOL_DIR = Path(os.environ.get("SHUNTER_SPOOL_DIR") or VAR_DIR / "spool").resolve()
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
-if REDIS_URL and urlsplit(REDIS_URL).scheme.lower() not in ("redis", "rediss", "unix"):
+_redis_scheme = urlsplit(REDIS_URL).scheme.lower()
+if REDIS_URL and _redis_scheme not in ("redis", "rediss", "unix"):
     raise ImproperlyConfigured(
-        f"REDIS_URL scheme {urlsplit(REDIS_URL).scheme!r} is not supported (use redis://, "
-        "rediss:// or unix://)"
+        f"REDIS_URL scheme {_redis_scheme!r} is not supported (use redis://, rediss:// or unix://)"
     )
 
 if REDIS_URL:

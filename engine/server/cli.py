@@ -166,8 +166,6 @@ def cmd_engine(ns: argparse.Namespace) -> int:
             if value is not None
         }
         settings = dataclasses.replace(settings, **overrides)
-        if settings.step_target_s is not None and settings.step_target_s <= 0:
-            raise SettingsError("--step-target-ms must be positive")
         check_model_dirs(settings)
         check_port(ns.host, ns.port)  # before the models load, which takes a while
         device = available_device(settings.device)
@@ -210,17 +208,14 @@ def check_port(host: str, port: int) -> None:
 
     from shunter.engine.server.settings import SettingsError
 
-    try:
+    try:  # a name that does not resolve (gaierror) is an OSError too
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as e:
-        raise SettingsError(f"cannot listen on {host}:{port}: {e.strerror}") from None
-    for family, kind, proto, _, address in infos:
-        with socket.socket(family, kind, proto) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp binds
-            try:
+        for family, kind, proto, _, address in infos:
+            with socket.socket(family, kind, proto) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp binds
                 sock.bind(address)
-            except OSError as e:
-                raise SettingsError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    except OSError as e:
+        raise SettingsError(f"cannot listen on {host}:{port}: {e.strerror}") from None
 
 
 def engine_token(ns: argparse.Namespace) -> str | None:

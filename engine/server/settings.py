@@ -20,6 +20,7 @@ from shunter.engine.config import CAPACITY_SOURCES, POLICIES, RemapConfig, SloSp
 from shunter.engine.server.models import ModelArg, parse_model_arg
 
 DEFAULT_KV_TOKENS = 65536
+DEFAULT_GRACE_S = 30.0  # seconds shutdown waits for the requests in flight
 TOP_KEYS = {
     "device",
     "hbm_budget",
@@ -66,7 +67,7 @@ class EngineSettings:
     policy: str = "lvf+"
     remap: bool = False
     capacity_order: tuple[str, ...] = CAPACITY_SOURCES
-    grace_s: float = 30.0
+    grace_s: float = DEFAULT_GRACE_S
     slo_classes: dict[str, SloSpec] = field(default_factory=dict)
     # The most sequences (prompts x n) one request may run: a request's sequences all
     # run at once, so without a bound one request could hold the engine for minutes.
@@ -154,7 +155,7 @@ def settings_from_dict(
         policy=policy,
         remap=remap,
         capacity_order=tuple(order),
-        grace_s=30.0 if grace_s is None else float(grace_s),
+        grace_s=DEFAULT_GRACE_S if grace_s is None else float(grace_s),
         slo_classes=slos,
         max_sequences_per_request=max_sequences or MAX_SEQUENCES,
         step_target_s=None if step_target_ms is None else step_target_ms / 1000,
